@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from skyring.app import create_app
+from tests.harness import SkyringProcess
+from tests.sink import CallbackSink
+from tests.support import node_settings
+
+
+@pytest.fixture
+async def sink(aiohttp_server: Any) -> CallbackSink:
+    """A real callback receiver; see tests/sink.py for the behaviour of each path."""
+    receiver = CallbackSink()
+    server = await aiohttp_server(receiver.app())
+    receiver.url = str(server.make_url("")).rstrip("/")
+    return receiver
+
+
+@pytest.fixture
+def make_client(aiohttp_client: Any) -> Callable[..., Awaitable[TestClient[Any, Any]]]:
+    """``await make_client(**settings_overrides)``: a test client on a fresh in-process node."""
+
+    async def make(**overrides: Any) -> TestClient[Any, Any]:
+        return await aiohttp_client(create_app(node_settings(**overrides)))  # type: ignore[no-any-return]
+
+    return make
+
+
+@pytest.fixture
+async def client(make_client: Callable[..., Awaitable[TestClient[Any, Any]]]) -> TestClient[Any, Any]:
+    return await make_client()
+
+
+@pytest.fixture
+async def processes() -> AsyncIterator[list[SkyringProcess]]:
+    """Collects node processes started by a test; stops any still running and prints their logs."""
+    started: list[SkyringProcess] = []
+    yield started
+    for node in started:
+        await node.kill()
+        print(f"--- log of {node.node_id} ---\n{node.output}")
