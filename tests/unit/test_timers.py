@@ -1,0 +1,258 @@
+"""The timer store: states, ordering, never-early firing, cancellation and bursts, on a fake clock."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from skyring.errors import DeliveryInProgress, TimerExists, TimerNotFound
+from skyring.timers import Timer, TimerState, TimerStore, deadline_after
+from tests.fakes import FakeClock
+
+
+def make_timer(clock: FakeClock, timer_id: str, timeout_ms: int, spec: bytes = b"[null,{}]") -> Timer:
+    deadline_ms = deadline_after(clock.now_ms(), timeout_ms)
+    return Timer(deadline_ms, timer_id, deadline_ms, timeout_ms, 0, spec)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def fired() -> list[Timer]:
+    return []
+
+
+@pytest.fixture
+def store(clock: FakeClock, fired: list[Timer]) -> TimerStore:
+    return TimerStore(clock, fired.append)
+
+
+def add(store: TimerStore, timer: Timer) -> Timer:
+    store.insert(timer)
+    store.arm(timer)
+    return timer
+
+
+def test_deadline_is_rounded_up_to_a_whole_ms():
+    """A fractional now never makes the deadline earlier than now + timeout."""
+    assert deadline_after(1000.2, 5) == 1006
+    assert deadline_after(1000.0, 5) == 1005
+
+
+def test_timer_fires_at_its_deadline_not_before(store, clock, fired):
+    """A timer is handed over once its deadline has passed, and not a moment earlier."""
+    timer = add(store, make_timer(clock, "a", 100))
+
+    clock.advance(99.9)
+    assert fired == []
+    clock.advance(0.1)
+
+    assert fired == [timer]
+    assert store.get("a") == (timer, TimerState.DELIVERING)
+
+
+def test_timers_fire_in_deadline_order(store, clock, fired):
+    """Timers inserted in any order fire in deadline order."""
+    for timer_id, timeout_ms in [("c", 300), ("a", 100), ("b", 200)]:
+        add(store, make_timer(clock, timer_id, timeout_ms))
+
+    clock.advance(1000)
+
+    assert [t.id for t in fired] == ["a", "b", "c"]
+
+
+def test_early_alarm_rearms_instead_of_firing(clock, fired):
+    """An alarm that rings before the deadline (as uvloop's can) fires nothing and re-arms."""
+
+    class EarlyClock(FakeClock):
+        def call_later(self, delay_s, callback):
+            return super().call_later(delay_s - min(0.002, delay_s / 2), callback)
+
+    early = EarlyClock()
+    store = TimerStore(early, fired.append)
+    add(store, make_timer(early, "a", 100))
+
+    early.advance(98.5)
+    assert fired == []
+    early.advance(1.5)
+
+    assert [t.id for t in fired] == ["a"]
+
+
+def test_unarmed_timer_does_not_fire_but_can_be_found(store, clock, fired):
+    """An inserted timer is visible at once and fires only after it is armed."""
+    timer = make_timer(clock, "a", 10)
+    store.insert(timer)
+
+    clock.advance(50)
+    assert fired == []
+    assert store.get("a") == (timer, TimerState.PENDING)
+    store.arm(timer)
+    clock.advance(0)
+
+    assert fired == [timer]
+
+
+def test_insert_of_an_existing_id_raises(store, clock):
+    """Ids are unique across every state."""
+    add(store, make_timer(clock, "a", 10))
+    with pytest.raises(TimerExists):
+        store.insert(make_timer(clock, "a", 20))
+    clock.advance(10)
+    with pytest.raises(TimerExists):
+        store.insert(make_timer(clock, "a", 20))
+
+
+def test_removed_timer_never_fires(store, clock, fired):
+    """A cancelled timer is gone: it never fires and cannot be found."""
+    add(store, make_timer(clock, "a", 100))
+
+    store.remove("a")
+    clock.advance(1000)
+
+    assert fired == []
+    assert store.get("a") is None
+    with pytest.raises(TimerNotFound):
+        store.remove("a")
+
+
+def test_delivering_timer_cannot_be_removed_or_changed(store, clock):
+    """Once a timer is due, cancel and replace answer DeliveryInProgress."""
+    add(store, make_timer(clock, "a", 10))
+    clock.advance(10)
+
+    with pytest.raises(DeliveryInProgress):
+        store.remove("a")
+    with pytest.raises(DeliveryInProgress):
+        store.current("a")
+
+
+def test_swap_replaces_timer_and_old_deadline_is_ignored(store, clock, fired):
+    """After a replace only the new timer fires, at its own deadline."""
+    old = add(store, make_timer(clock, "a", 100, b"old"))
+    new = make_timer(clock, "a", 300, b"new")
+
+    assert store.swap(old, new)
+    store.arm(new)
+    clock.advance(200)
+    assert fired == []
+    clock.advance(100)
+
+    assert fired == [new]
+
+
+def test_swap_back_restores_the_old_timer(store, clock, fired):
+    """Rolling a replace back re-arms the old timer at its old deadline, once."""
+    old = add(store, make_timer(clock, "a", 100, b"old"))
+    new = make_timer(clock, "a", 300, b"new")
+    store.swap(old, new)
+
+    assert store.swap(new, old)
+    store.arm(old)
+    clock.advance(1000)
+
+    assert fired == [old]
+
+
+def test_same_id_recreated_with_same_deadline_fires_once(store, clock, fired):
+    """A stale heap entry for a recreated id does not make it fire twice."""
+    first = add(store, make_timer(clock, "a", 100))
+    store.remove("a")
+    second = add(store, first._replace(spec=b"second"))
+
+    clock.advance(200)
+
+    assert fired == [second]
+
+
+def test_retry_moves_timer_back_to_pending_as_retrying(store, clock, fired):
+    """A failed attempt returns the timer to the heap; it fires again at the retry time."""
+    timer = add(store, make_timer(clock, "a", 10))
+    clock.advance(10)
+    next_try = timer._replace(due_ms=timer.due_ms + 500, attempts=1)
+
+    store.retry(timer, next_try)
+
+    assert store.get("a") == (next_try, TimerState.RETRYING)
+    clock.advance(499)
+    assert fired == [timer]
+    clock.advance(1)
+    assert fired == [timer, next_try]
+
+
+def test_finish_forgets_a_delivered_timer(store, clock):
+    """After finish the id is free again."""
+    timer = add(store, make_timer(clock, "a", 10))
+    clock.advance(10)
+
+    store.finish(timer)
+
+    assert store.get("a") is None
+    assert len(store) == 0
+
+
+def test_burst_is_handed_over_in_batches(clock, fired):
+    """Many timers due at once are handed over a batch per alarm, so the loop is not held."""
+    store = TimerStore(clock, fired.append, fire_batch=100)
+    deadline_ms = deadline_after(clock.now_ms(), 10)
+    store.load(Timer(deadline_ms, f"t{i}", deadline_ms, 10, 0, b"") for i in range(1000))
+    alarms: list[int] = []
+    real_call_later = clock.call_later
+
+    def counting_call_later(delay_s, callback):
+        alarms.append(len(fired))
+        return real_call_later(delay_s, callback)
+
+    clock.call_later = counting_call_later  # type: ignore[method-assign]
+    clock.advance(10)
+
+    assert len(fired) == 1000
+    assert alarms[:3] == [100, 200, 300]
+
+
+def test_load_arms_recovered_timers_and_overdue_ones_fire_at_once(store, clock, fired):
+    """Recovered timers keep their deadlines; overdue ones fire on the next alarm."""
+    now = clock.now_ms()
+    overdue = Timer(int(now) - 5000, "late", int(now) - 5000, 1000, 0, b"")
+    future = Timer(int(now) + 5000, "future", int(now) + 5000, 9000, 0, b"")
+
+    assert store.load([future, overdue]) == 2
+    clock.advance(0)
+    assert fired == [overdue]
+    clock.advance(5000)
+    assert fired == [overdue, future]
+
+
+def test_stop_fires_nothing_more(store, clock, fired):
+    """A stopped store keeps its timers but never fires them."""
+    add(store, make_timer(clock, "a", 10))
+
+    store.stop()
+    clock.advance(100)
+
+    assert fired == []
+    assert store.pending_count == 1
+
+
+def test_heap_is_compacted_after_many_cancels(store, clock):
+    """Cancelled timers do not pile up in the heap."""
+    for i in range(5000):
+        add(store, make_timer(clock, f"t{i}", 60_000))
+    for i in range(5000):
+        store.remove(f"t{i}")
+
+    assert len(store._heap) <= 1024
+
+
+def test_pending_timers_are_not_tracked_by_the_gc(store, clock):
+    """Timers are tuples of atoms: after one collection the GC no longer walks them."""
+    add(store, make_timer(clock, "a", 1000, b'[{"x":1},{"transport":"http"}]'))
+
+    gc.collect()
+
+    assert not gc.is_tracked(store._pending["a"])
+    assert not any(gc.is_tracked(raw) for raw in store._heap)
