@@ -38,6 +38,8 @@ class Call:
 class CallbackSink:
     calls: list[Call] = field(default_factory=list)
     url: str = ""
+    in_flight: int = 0
+    max_in_flight: int = 0
     _attempts: Counter[str] = field(default_factory=Counter)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -47,11 +49,21 @@ class CallbackSink:
         return app
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await self._respond(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _respond(self, request: web.Request) -> web.StreamResponse:
         call = Call(request.method, request.path, dict(request.headers), await request.read(), time.time())
         parts = request.path.strip("/").split("/")
         kind = parts[0]
         if kind == "hang":
             await asyncio.sleep(3600)
+        if kind == "slow":
+            await asyncio.sleep(int(parts[1]) / 1000)
         self.calls.append(call)
         self._changed.set()
         timer_id = request.headers.get("X-Skyring-Timer-Id", "")
