@@ -1,0 +1,66 @@
+"""Settings from the environment and flags: precedence, conversion, and errors that name the culprit."""
+
+from __future__ import annotations
+
+import pytest
+
+from skyring.cli import build_parser, settings_from_args
+from skyring.settings import Settings
+
+
+def from_cli(argv: list[str], env: dict[str, str] | None = None) -> Settings:
+    return settings_from_args(build_parser().parse_args(["serve", *argv]), env or {})
+
+
+def test_defaults_are_a_durable_local_node():
+    """With nothing set, a node listens on 127.0.0.1:8080 with sqlite storage."""
+    settings = Settings()
+
+    assert (settings.host, settings.port, settings.storage) == ("127.0.0.1", 8080, "sqlite")
+    assert settings.max_timeout_ms >= 2**31 - 1
+
+
+def test_environment_sets_every_field_and_flags_win():
+    """SKYRING_<NAME> sets a field; the matching flag overrides it."""
+    env = {"SKYRING_PORT": "9000", "SKYRING_NODE_ID": "from-env", "SKYRING_DELIVERY_TIMEOUT_S": "2.5"}
+
+    settings = from_cli(["--node-id", "from-flag"], env)
+
+    assert settings.port == 9000
+    assert settings.node_id == "from-flag"
+    assert settings.delivery_timeout_s == 2.5
+
+
+def test_choices_are_case_insensitive():
+    """--storage MEMORY and SKYRING_LOG_LEVEL=DEBUG are accepted."""
+    settings = from_cli(["--storage", "MEMORY"], {"SKYRING_LOG_LEVEL": "DEBUG"})
+
+    assert (settings.storage, settings.log_level) == ("memory", "debug")
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"SKYRING_PORT": "eighty"}, "SKYRING_PORT"),
+        ({"SKYRING_PORT": "70000"}, "SKYRING_PORT"),
+        ({"SKYRING_STORAGE": "redis"}, "SKYRING_STORAGE"),
+        ({"SKYRING_DELIVERY_MAX_ATTEMPTS": "0"}, "SKYRING_DELIVERY_MAX_ATTEMPTS"),
+        ({"SKYRING_DELIVERY_TIMEOUT_S": "-1"}, "SKYRING_DELIVERY_TIMEOUT_S"),
+    ],
+)
+def test_bad_environment_value_names_the_variable(env, named):
+    """A malformed or out-of-range variable is refused with its name in the message."""
+    with pytest.raises(ValueError, match=named):
+        Settings.from_env(env)
+
+
+def test_bad_flag_value_names_the_flag():
+    """A malformed flag value is refused with the flag in the message."""
+    with pytest.raises(ValueError, match="--max-timeout-ms"):
+        from_cli(["--max-timeout-ms", "soon"])
+
+
+def test_per_host_limit_may_not_exceed_the_total():
+    """delivery_per_host above delivery_concurrency is a configuration error."""
+    with pytest.raises(ValueError, match="delivery_per_host"):
+        Settings(delivery_concurrency=4, delivery_per_host=8)
