@@ -32,7 +32,7 @@ class Settings:
     storage: str = _opt("sqlite", "where timers are kept: sqlite (durable) or memory", choices=STORAGE_BACKENDS)
     data_dir: str = _opt("skyring-data", "directory for the sqlite store")
     log_level: str = _opt("info", "log level", choices=LOG_LEVELS)
-    max_timeout_ms: int = _opt(365 * _DAY_MS, "longest accepted timeout, in ms (default 365 days)", min=1)
+    max_timeout_ms: int = _opt(365 * _DAY_MS, "longest accepted timeout, in ms (31536000000 = 365 days)", min=1)
     max_body_bytes: int = _opt(1024 * 1024, "largest accepted request body, in bytes", min=1024)
     delivery_connect_timeout_s: float = _opt(5.0, "connect timeout for a callback", min=0.001)
     delivery_timeout_s: float = _opt(10.0, "total timeout for one callback attempt", min=0.001)
