@@ -75,7 +75,7 @@ class Node:
             self,
             now_ms=self._clock.now_ms,
             concurrency=settings.delivery_concurrency,
-            per_destination=settings.delivery_per_host,
+            per_destination=min(settings.delivery_per_host, settings.delivery_concurrency),
         )
         self._store = TimerStore(self._clock, self._dispatcher.submit)
 
@@ -153,8 +153,13 @@ class Node:
         return encode_timer_view(timer, state, now_ms=self._clock.now_ms(), node_id=self.node_id)
 
     def health(self) -> dict[str, Any]:
+        storage = self._storage.status()
+        if self.state is not NodeState.SERVING:
+            status = self.state.value
+        else:
+            status = "ok" if storage["status"] == "ok" else "degraded"
         return {
-            "status": "ok" if self.state is NodeState.SERVING else self.state.value,
+            "status": status,
             "node": self.node_id,
             "version": __version__,
             "timers": {
@@ -162,7 +167,7 @@ class Node:
                 "delivering": self._store.delivering_count,
                 "in_flight": self._dispatcher.active,
             },
-            "storage": self._storage.status(),
+            "storage": storage,
             "transports": self.transports.names,
             "counters": self.counters.as_dict(),
         }

@@ -30,8 +30,13 @@ STARTUP_FAILURE = 3
 FORCED_EXIT = 1
 
 
-def _base_url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _default_node_id(host: str, port: int) -> str:
+    # A wildcard address names no machine; the hostname does.
+    return _host_port(socket.gethostname() if host in ("0.0.0.0", "::", "") else host, port)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -57,7 +62,7 @@ async def serve(
     """
     sock = _bind(settings.host, settings.port)
     port = sock.getsockname()[1]
-    settings = settings.replace(port=port, node_id=settings.node_id or f"{settings.host}:{port}")
+    settings = settings.replace(port=port, node_id=settings.node_id or _default_node_id(settings.host, port))
     runner = web.AppRunner(
         create_app(settings), handle_signals=False, access_log=None, shutdown_timeout=settings.shutdown_timeout_s
     )
@@ -66,7 +71,7 @@ async def serve(
         await web.SockSite(runner, sock).start()
         # Objects alive now live as long as the process: keep them out of every future GC pass.
         gc.freeze()
-        url = _base_url(settings.host, port)
+        url = "http://" + _host_port(settings.host, port)
         line = f"{READY_PREFIX} node={settings.node_id} url={url}"
         print(line, file=sys.stderr, flush=True)
         if on_ready is not None:

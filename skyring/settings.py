@@ -40,7 +40,7 @@ class Settings:
     delivery_backoff_s: float = _opt(1.0, "delay before the first retry; doubles each retry", min=0.0)
     delivery_backoff_max_s: float = _opt(300.0, "longest delay between attempts (also caps Retry-After)", min=0.0)
     delivery_concurrency: int = _opt(1024, "callbacks in flight at once on this node", min=1)
-    delivery_per_host: int = _opt(128, "callbacks in flight at once to one target host", min=1)
+    delivery_per_host: int = _opt(128, "callbacks in flight at once to one receiver (capped by the above)", min=1)
     shutdown_timeout_s: float = _opt(10.0, "on shutdown, how long in-flight work may take to finish", min=0.0)
 
     @classmethod
@@ -51,20 +51,18 @@ class Settings:
             ValueError: a variable or override is malformed or out of range; the message names it.
         """
         values: dict[str, Any] = {}
-        for f in FIELDS:
-            env_name = ENV_PREFIX + f.name.upper()
-            if env_name in environ:
-                values[f.name] = _convert(f, environ[env_name], env_name)
         for name, value in overrides.items():
             if value is not None:
                 values[name] = _convert(_FIELDS_BY_NAME[name], value, "--" + name.replace("_", "-"))
+        for f in FIELDS:
+            env_name = ENV_PREFIX + f.name.upper()
+            if f.name not in values and env_name in environ:
+                values[f.name] = _convert(f, environ[env_name], env_name)
         return cls(**values)
 
     def __post_init__(self) -> None:
         for f in FIELDS:
             _check(f, getattr(self, f.name), f.name)
-        if self.delivery_per_host > self.delivery_concurrency:
-            raise ValueError("delivery_per_host must not exceed delivery_concurrency")
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)

@@ -214,7 +214,7 @@ class TimerStore:
         # Removed timers linger in the heap; rebuild it once they outnumber the live ones.
         if len(self._heap) > 2 * len(self._pending) + 1024:
             pending = self._pending
-            self._heap = [raw for raw in self._heap if pending.get(raw[1]) is raw]
+            self._heap[:] = [raw for raw in self._heap if pending.get(raw[1]) is raw]  # same list: it may be frozen
             heapq.heapify(self._heap)
 
     def _cancel_alarm(self) -> None:

@@ -60,7 +60,8 @@ def test_bad_flag_value_names_the_flag():
         from_cli(["--max-timeout-ms", "soon"])
 
 
-def test_per_host_limit_may_not_exceed_the_total():
-    """delivery_per_host above delivery_concurrency is a configuration error."""
-    with pytest.raises(ValueError, match="delivery_per_host"):
-        Settings(delivery_concurrency=4, delivery_per_host=8)
+def test_flag_shadows_a_bad_environment_value():
+    """A flag replaces its variable entirely, so a malformed variable it overrides does no harm."""
+    settings = from_cli(["--port", "0"], {"SKYRING_PORT": "eighty"})
+
+    assert settings.port == 0
