@@ -26,34 +26,9 @@ class SkyringProcess:
     async def start(
         cls, *args: str, data_dir: Path | None = None, env: dict[str, str] | None = None, timeout_s: float = 20.0
     ) -> SkyringProcess:
-        argv = [sys.executable, "-m", "skyring", "serve", "--port", "0", "--log-level", "debug", *args]
-        if data_dir is not None:
-            argv += ["--data-dir", str(data_dir)]
-        else:
-            argv += ["--storage", "memory"]
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        proc = await asyncio.create_subprocess_exec(*argv, stderr=asyncio.subprocess.PIPE, env=full_env)
-        assert proc.stderr is not None
-        log: list[str] = []
-        try:
-            async with asyncio.timeout(timeout_s):
-                while True:
-                    raw = await proc.stderr.readline()
-                    if not raw:
-                        raise RuntimeError("skyring exited before it was ready:\n" + "".join(log))
-                    line = raw.decode(errors="replace")
-                    log.append(line)
-                    if line.startswith(READY_PREFIX):
-                        fields = dict(item.split("=", 1) for item in line.split()[2:])
-                        break
-        except BaseException:
-            if proc.returncode is None:
-                proc.kill()
-            await proc.wait()
-            raise
-        node = cls(proc, fields["url"], fields["node"], log)
-        node._reader = asyncio.create_task(node._read_rest())
-        return node
+        argv = ["serve", "--port", "0", "--log-level", "debug", *args]
+        argv += ["--data-dir", str(data_dir)] if data_dir is not None else ["--storage", "memory"]
+        return await start_command(*argv, env=env, timeout_s=timeout_s)
 
     async def _read_rest(self) -> None:
         assert self.proc.stderr is not None
@@ -116,9 +91,9 @@ async def run_skyring(*args: str, env: dict[str, str] | None = None, timeout_s: 
 
 
 async def start_command(*args: str, env: dict[str, str] | None = None, timeout_s: float = 20.0) -> SkyringProcess:
-    """Like ``SkyringProcess.start`` but runs ``python -m skyring *args`` exactly, adding no flags.
+    """Run ``python -m skyring *args`` exactly, adding no flags, and wait for its ready line.
 
-    For tests of configuration that the defaults of ``start`` (``--port 0``, ``--storage memory``...) would override.
+    For tests of configuration that the defaults of ``SkyringProcess.start`` (``--port 0``, ...) would override.
     """
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     argv = [sys.executable, "-m", "skyring", *args]
