@@ -7,6 +7,10 @@
     ├── DeliveryInProgress        409    delivery_in_progress
     ├── StorageError              503    storage_unavailable
     ├── NodeDraining              503    node_draining
+    ├── PeerError                 502    peer_error         (forwarding to the owner failed)
+    │   ├── PeerUnavailable       503    peer_unavailable   (cannot connect, or the connection was lost)
+    │   └── PeerTimeout           504    peer_timeout       (no answer in time)
+    ├── ClusterError              503    cluster_error      (NATS failures)
     └── DeliveryError             —      delivery_failed (never reaches HTTP; logged and counted)
 
 Imports nothing from skyring.
@@ -18,7 +22,11 @@ __all__ = [
     "DeliveryError",
     "DeliveryInProgress",
     "InvalidRequest",
+    "ClusterError",
     "NodeDraining",
+    "PeerError",
+    "PeerTimeout",
+    "PeerUnavailable",
     "SkyringError",
     "StorageError",
     "TimerExists",
@@ -80,6 +88,26 @@ class StorageError(SkyringError):
 class NodeDraining(SkyringError):
     status = 503
     code = "node_draining"
+
+
+class PeerError(SkyringError):
+    status = 502
+    code = "peer_error"
+
+
+class PeerUnavailable(PeerError):
+    status = 503
+    code = "peer_unavailable"
+
+
+class PeerTimeout(PeerError):
+    status = 504
+    code = "peer_timeout"
+
+
+class ClusterError(SkyringError):
+    status = 503
+    code = "cluster_error"
 
 
 class DeliveryError(SkyringError):
