@@ -12,9 +12,10 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from .codec import TimerRequest, check_timer_id, dumps, encode_error, parse_timer_request
-from .errors import SkyringError, TimerExists
+from .errors import InvalidRequest, SkyringError, TimerExists
 from .node import Node
 
 __all__ = ["NODE_KEY", "error_middleware", "routes"]
@@ -40,7 +41,10 @@ def _location(timer_id: str) -> dict[str, str]:
 
 
 async def _parse(request: web.Request, node: Node) -> TimerRequest:
-    body = await request.read()
+    try:
+        body = await request.read()
+    except (web.RequestPayloadError, HttpProcessingError) as exc:  # e.g. a body unlike its Content-Encoding
+        raise InvalidRequest(f"request body cannot be read: {exc}", code="invalid_body") from None
     return parse_timer_request(
         body, max_timeout_ms=node.settings.max_timeout_ms, normalize_callback=node.transports.normalize
     )

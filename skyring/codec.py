@@ -5,6 +5,7 @@ The only module that imports orjson. No I/O; imports ``errors`` and ``timers`` o
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -78,8 +79,14 @@ def parse_timer_request(body: bytes, *, max_timeout_ms: int, normalize_callback:
     callback = doc.get("callback")
     if not isinstance(callback, dict):
         raise InvalidRequest("callback is required and must be an object", code="invalid_callback")
-    spec = orjson.dumps([doc.get("data"), normalize_callback(callback)])
-    return TimerRequest(timeout_ms, spec)
+    normalized = normalize_callback(callback)
+    try:
+        spec = orjson.dumps([doc.get("data"), normalized])
+    except orjson.JSONEncodeError:  # parsed (depth <= 1024) but too deep to encode again (orjson's limit is 254)
+        raise InvalidRequest("data is nested too deeply", code="invalid_data") from None
+    # orjson's result keeps its ~4 KiB build buffer allocated; a pending timer holds its spec for
+    # hours, so keep an exact-size copy instead (270 bytes of RSS against 4,100 for a 210-byte spec).
+    return TimerRequest(timeout_ms, bytes(memoryview(spec)))
 
 
 def _parse_timeout(value: Any, max_timeout_ms: int) -> int:
@@ -120,7 +127,7 @@ def encode_timer_view(timer: Timer, state: TimerState, *, now_ms: float, node_id
         "timeout_ms": timer.timeout_ms,
         "created_ms": timer.created_ms,
         "deadline_ms": timer.deadline_ms,
-        "remaining_ms": max(0, timer.deadline_ms - int(now_ms)),
+        "remaining_ms": max(0, timer.deadline_ms - math.ceil(now_ms)),  # whole ms left, never above timeout_ms
         "attempts": timer.attempts,
         "next_attempt_ms": timer.due_ms if state is not TimerState.DELIVERING else None,
         "data": data,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from skyring.settings import Settings
@@ -34,3 +37,16 @@ def timer_body(
         body["data"] = data
     body.update(extra)
     return body
+
+
+async def eventually(predicate: Callable[[], bool | Awaitable[bool]], timeout_s: float, poll_s: float = 0.01) -> None:
+    """Wait until ``predicate()`` (sync or async) is true. Raises ``TimeoutError``.
+
+    For state that lives in another task, process or server, where there is no event to wait on.
+    """
+    async with asyncio.timeout(timeout_s):
+        while True:
+            result = predicate()
+            if await result if inspect.isawaitable(result) else result:
+                return
+            await asyncio.sleep(poll_s)

@@ -27,9 +27,12 @@ MAX_HEADERS = 64
 MAX_HEADER_BYTES = 8192
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_BAD_URI_CHAR = re.compile(r"[\x00-\x20\x7f]")  # controls (tab included) and space
 # Set by skyring or by the HTTP stack; a timer's own headers may not change them.
 _RESERVED = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te"})
 _RETRYABLE_STATUSES = frozenset({408, 425, 429})
+# aiohttp would add Content-Type: application/octet-stream to an empty body, and ask for compression.
+_NO_AUTO_HEADERS = ("Content-Type", "Accept-Encoding")
 
 
 class HttpTransport:
@@ -91,7 +94,12 @@ class HttpTransport:
         headers.update(callback.get("headers", ()))
         try:
             async with self._session.request(
-                callback["method"], callback["uri"], data=body, headers=headers, allow_redirects=False
+                callback["method"],
+                callback["uri"],
+                data=body,
+                headers=headers,
+                skip_auto_headers=_NO_AUTO_HEADERS,
+                allow_redirects=False,
             ) as response:
                 status = response.status
                 retry_after = response.headers.get("Retry-After")
@@ -115,18 +123,16 @@ class HttpTransport:
 
 def _check_uri(uri: Any) -> str:
     rule = "callback.uri must be an absolute http:// or https:// URL"
-    if not isinstance(uri, str) or len(uri) > MAX_URI_LENGTH:
+    if not isinstance(uri, str) or len(uri) > MAX_URI_LENGTH or _BAD_URI_CHAR.search(uri):
         raise InvalidRequest(rule, code="invalid_uri")
     try:
         url = URL(uri)
+        # .host decodes IDNA lazily and .port checks the range: both raise ValueError (UnicodeError) here.
+        valid = url.scheme in ("http", "https") and bool(url.host) and bool(url.port)  # port 0 is unreachable
     except (ValueError, TypeError):
-        raise InvalidRequest(rule, code="invalid_uri") from None
-    if url.scheme not in ("http", "https") or not url.host or _BAD_VALUE.search(uri) or " " in uri:
+        valid = False
+    if not valid:
         raise InvalidRequest(rule, code="invalid_uri")
-    try:
-        url.port  # noqa: B018 - raises on an out-of-range port
-    except ValueError:
-        raise InvalidRequest(rule, code="invalid_uri") from None
     return uri
 
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.sink import CallbackSink
-from tests.support import MS, timer_body
+from tests.support import MS, eventually, timer_body
 
 
 async def create(client, body, **headers) -> str:
@@ -22,12 +22,6 @@ async def state_of(client, timer_id: str) -> dict:
     response = await client.get(f"/timer/{timer_id}")
     assert response.status == 200
     return await response.json()
-
-
-async def eventually(predicate, timeout_s: float) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(10 * MS)
 
 
 async def test_callback_carries_metadata_and_own_headers(client, sink):
@@ -76,7 +70,6 @@ async def test_timer_is_retrying_between_attempts_and_a_cancel_then_wins(make_cl
     client = await make_client(delivery_backoff_s=0.4, delivery_backoff_max_s=0.4)
     timer_id = await create(client, timer_body(sink.hook("status", 500), timeout_ms=10))
     await sink.wait_for(1, 2000 * MS)
-    await eventually(lambda: client.app is not None, 1)
 
     view = await state_of(client, timer_id)
     assert view["state"] == "retrying"
@@ -109,9 +102,10 @@ async def test_dead_target_is_retried_up_to_the_limit_then_dropped(make_client, 
     async def failed() -> int:
         return (await (await client.get("/health")).json())["counters"]["failed"]
 
-    async with asyncio.timeout(3):
-        while await failed() != 1:
-            await asyncio.sleep(20 * MS)
+    async def failed_once() -> bool:
+        return await failed() == 1
+
+    await eventually(failed_once, 3)
 
     health = await (await client.get("/health")).json()
     assert health["counters"]["retried"] == 2
@@ -136,9 +130,11 @@ async def test_hanging_target_times_out_and_is_retried(make_client, sink):
     client = await make_client(delivery_timeout_s=0.2, delivery_max_attempts=2)
     await create(client, timer_body(sink.hook("hang"), timeout_ms=10))
 
-    async with asyncio.timeout(3):
-        while sink.in_flight < 1 or (await (await client.get("/health")).json())["counters"]["retried"] < 1:
-            await asyncio.sleep(20 * MS)
+    async def retried() -> bool:
+        return (await (await client.get("/health")).json())["counters"]["retried"] >= 1
+
+    await eventually(lambda: sink.in_flight >= 1, 3)
+    await eventually(retried, 3)
 
 
 async def test_cancel_during_delivery_answers_409(make_client, sink):
