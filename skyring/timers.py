@@ -56,6 +56,7 @@ class TimerState(enum.Enum):
     PENDING = "pending"  #: waiting for its deadline
     DELIVERING = "delivering"  #: due; an attempt is queued or under way
     RETRYING = "retrying"  #: an attempt failed; waiting for the next one
+    MOVING = "moving"  #: being handed to another node; fires nowhere until it lands
 
 
 def deadline_after(now_ms: float, timeout_ms: int) -> int:
@@ -105,16 +106,23 @@ class TimerStore:
         self._fire_batch = fire_batch
         self._pending: dict[str, _Raw] = {}
         self._delivering: dict[str, _Raw] = {}
+        self._moving: dict[str, _Raw] = {}
         self._heap: list[_Raw] = []
         self._alarm: Cancellable | None = None
         self._alarm_due_ms = math.inf
         self._running = True
 
     def __len__(self) -> int:
-        return len(self._pending) + len(self._delivering)
+        return len(self._pending) + len(self._delivering) + len(self._moving)
 
     def __repr__(self) -> str:
-        return f"<TimerStore pending={len(self._pending)} delivering={len(self._delivering)} heap={len(self._heap)}>"
+        return (
+            f"<TimerStore pending={len(self._pending)} delivering={len(self._delivering)}"
+            f" moving={len(self._moving)} heap={len(self._heap)}>"
+        )
+
+    def __contains__(self, timer_id: str) -> bool:
+        return timer_id in self._pending or timer_id in self._delivering or timer_id in self._moving
 
     @property
     def pending_count(self) -> int:
@@ -130,11 +138,13 @@ class TimerStore:
             return timer, TimerState.RETRYING if timer.attempts else TimerState.PENDING
         if (raw := self._delivering.get(timer_id)) is not None:
             return _make(raw), TimerState.DELIVERING
+        if (raw := self._moving.get(timer_id)) is not None:
+            return _make(raw), TimerState.MOVING
         return None
 
     def insert(self, timer: Timer) -> None:
         """Add an unarmed timer. Raises ``TimerExists`` if the id is taken in any state."""
-        if timer.id in self._pending or timer.id in self._delivering:
+        if timer.id in self:
             raise TimerExists(timer.id)
         self._pending[timer.id] = _raw(timer)
 
@@ -158,7 +168,7 @@ class TimerStore:
         if raw is None:
             if timer_id in self._delivering:
                 raise DeliveryInProgress(timer_id)
-            raise TimerNotFound(timer_id)
+            raise TimerNotFound(timer_id)  # a moving timer is found through its new owner
         return _make(raw)
 
     def swap(self, old: Timer, new: Timer) -> bool:
@@ -193,6 +203,36 @@ class TimerStore:
             del self._delivering[timer.id]
             self._pending[timer.id] = _raw(next_try)
             self.arm(next_try)
+
+    def pending_ids(self) -> list[str]:
+        """Ids of the timers that are pending or retrying (a snapshot)."""
+        return list(self._pending)
+
+    def take(self, timer_ids: Iterable[str]) -> list[Timer]:
+        """Move those of ``timer_ids`` that are pending or retrying to MOVING; returns them."""
+        taken = []
+        for timer_id in timer_ids:
+            raw = self._pending.pop(timer_id, None)
+            if raw is not None:
+                self._moving[timer_id] = raw
+                taken.append(_make(raw))
+        self._note_stale()
+        return taken
+
+    def moved(self, timers: Iterable[Timer]) -> None:
+        """Forget MOVING timers that their new owner now holds."""
+        for timer in timers:
+            if self._moving.get(timer.id) == timer:
+                del self._moving[timer.id]
+
+    def restore(self, timers: Iterable[Timer]) -> None:
+        """Schedule MOVING timers here again (their move failed)."""
+        for timer in timers:
+            raw = self._moving.get(timer.id)
+            if raw is not None and raw == timer:
+                del self._moving[timer.id]
+                self._pending[timer.id] = raw
+                self.arm(timer)
 
     def load(self, timers: Iterable[Timer]) -> int:
         """Add and arm many timers at once (recovery). Returns how many were added."""

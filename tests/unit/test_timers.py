@@ -256,3 +256,43 @@ def test_pending_timers_are_not_tracked_by_the_gc(store, clock):
 
     assert not gc.is_tracked(store._pending["a"])
     assert not any(gc.is_tracked(raw) for raw in store._heap)
+
+
+def test_taken_timers_do_not_fire_and_keep_their_id(store, clock, fired):
+    """A timer being moved fires nowhere here, and its id stays taken."""
+    timer = add(store, make_timer(clock, "a", 10))
+
+    assert store.take(["a", "unknown"]) == [timer]
+    clock.advance(100)
+
+    assert fired == []
+    assert store.get("a") == (timer, TimerState.MOVING)
+    with pytest.raises(TimerExists):
+        store.insert(timer)
+    with pytest.raises(TimerNotFound):
+        store.remove("a")
+
+
+def test_moved_timers_are_forgotten(store, clock):
+    """Once the new owner holds a moved timer, this store no longer knows it."""
+    timer = add(store, make_timer(clock, "a", 10))
+    store.take(["a"])
+
+    store.moved([timer])
+
+    assert "a" not in store
+    assert len(store) == 0
+
+
+def test_restored_timers_fire_here_at_their_deadline(store, clock, fired):
+    """A failed move puts timers back, still due at their original deadline."""
+    timer = add(store, make_timer(clock, "a", 50))
+    store.take(["a"])
+    clock.advance(20)
+
+    store.restore([timer])
+    clock.advance(29)
+    assert fired == []
+    clock.advance(1)
+
+    assert fired == [timer]
