@@ -9,6 +9,7 @@ import asyncio
 import enum
 import logging
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from . import __version__
@@ -17,7 +18,7 @@ from .delivery import Dispatcher, RetryPolicy
 from .errors import NodeDraining, StorageError, TimerNotFound
 from .settings import Settings
 from .storage import Storage
-from .timers import Clock, LoopClock, Timer, TimerStore, deadline_after
+from .timers import Clock, LoopClock, Timer, TimerState, TimerStore, deadline_after
 from .transports import Transports
 
 __all__ = ["Counters", "Node", "NodeState"]
@@ -35,11 +36,22 @@ class NodeState(enum.Enum):
 class Counters:
     """Monotonic event counts since start (``/metrics``)."""
 
-    __slots__ = ("cancelled", "created", "delivered", "failed", "recovered", "replaced", "retried")
+    __slots__ = (
+        "adopted",
+        "cancelled",
+        "created",
+        "delivered",
+        "failed",
+        "moved_out",
+        "recovered",
+        "replaced",
+        "retried",
+    )
 
     def __init__(self) -> None:
         self.created = self.replaced = self.cancelled = 0
         self.delivered = self.retried = self.failed = self.recovered = 0
+        self.adopted = self.moved_out = 0
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -78,6 +90,7 @@ class Node:
             per_destination=min(settings.delivery_per_host, settings.delivery_concurrency),
         )
         self._store = TimerStore(self._clock, self._dispatcher.submit)
+        self._move_waiters: dict[str, asyncio.Future[None]] = {}
 
     def __repr__(self) -> str:
         return f"<Node {self.node_id} {self.state.value} {self._store!r} {self._dispatcher!r}>"
@@ -165,6 +178,7 @@ class Node:
             "timers": {
                 "pending": self._store.pending_count,
                 "delivering": self._store.delivering_count,
+                "moving": self._store.moving_count,
                 "in_flight": self._dispatcher.active,
             },
             "storage": storage,
@@ -179,6 +193,69 @@ class Node:
     def _check_serving(self) -> None:
         if self.state is not NodeState.SERVING:
             raise NodeDraining(f"node {self.node_id} is {self.state.value}")
+
+    # -- moving timers to other nodes (rebalance, hand-off) and taking them in -------------------
+
+    def holds(self, timer_id: str) -> bool:
+        """Whether the timer is here, in any state (moving included)."""
+        return timer_id in self._store
+
+    def is_moving(self, timer_id: str) -> bool:
+        found = self._store.get(timer_id)
+        return found is not None and found[1] is TimerState.MOVING
+
+    async def wait_moved(self, timer_id: str) -> None:
+        """Wait until a moving timer has landed at its new owner, or come back here."""
+        if not self.is_moving(timer_id):
+            return
+        waiter = self._move_waiters.get(timer_id)
+        if waiter is None:
+            waiter = self._move_waiters[timer_id] = asyncio.get_running_loop().create_future()
+        await asyncio.shield(waiter)
+
+    def pending_ids(self) -> list[str]:
+        return self._store.pending_ids()
+
+    def take(self, timer_ids: Iterable[str]) -> list[Timer]:
+        """Start moving the pending or retrying timers among ``timer_ids``: they fire nowhere until released."""
+        return self._store.take(timer_ids)
+
+    async def release(self, timers: list[Timer], *, moved: bool) -> None:
+        """End a move: forget timers their new owner has stored, or schedule them here again."""
+        if moved:
+            self._store.moved(timers)
+            self.counters.moved_out += len(timers)
+            results = await asyncio.gather(*(self._storage.delete(t.id) for t in timers), return_exceptions=True)
+            if any(isinstance(r, BaseException) for r in results):
+                logger.warning(
+                    "moved timers stay in local storage count=%d: they may fire twice after a restart", len(timers)
+                )
+        else:
+            self._store.restore(timers)
+        for timer in timers:
+            waiter = self._move_waiters.pop(timer.id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+    async def adopt(self, timers: list[Timer]) -> int:
+        """Store and schedule timers moved here, keeping their deadlines; ids already here are kept as they are.
+
+        Returns how many were taken in. Raises ``StorageError`` (then none were taken in).
+        """
+        self._check_serving()
+        new = [t for t in timers if t.id not in self._store]
+        for timer in new:
+            self._store.insert(timer)
+        try:
+            await asyncio.gather(*(self._storage.put(t) for t in new))
+        except StorageError:
+            for timer in new:
+                self._store.discard(timer)
+            raise
+        for timer in new:
+            self._store.arm(timer)
+        self.counters.adopted += len(new)
+        return len(new)
 
     # -- DeliverySink: outcomes of delivery attempts --------------------------------------------
 

@@ -132,6 +132,10 @@ class TimerStore:
     def delivering_count(self) -> int:
         return len(self._delivering)
 
+    @property
+    def moving_count(self) -> int:
+        return len(self._moving)
+
     def get(self, timer_id: str) -> tuple[Timer, TimerState] | None:
         if (raw := self._pending.get(timer_id)) is not None:
             timer = _make(raw)

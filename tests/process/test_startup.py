@@ -165,7 +165,7 @@ async def test_health_reports_node_version_pending_timers_and_storage(tmp_path, 
     assert report["status"] == "ok"
     assert report["node"] == "healthy"
     assert report["version"] == __version__
-    assert report["timers"] == {"pending": 3, "delivering": 0, "in_flight": 0}
+    assert report["timers"] == {"pending": 3, "delivering": 0, "moving": 0, "in_flight": 0}
     storage = report["storage"]
     assert storage["backend"] == "sqlite"
     assert storage["durable"] is True
