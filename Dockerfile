@@ -16,9 +16,10 @@ RUN pip install . \
 USER skyring
 ENV SKYRING_HOST=0.0.0.0 \
     SKYRING_PORT=8080 \
+    SKYRING_PEER_PORT=9090 \
     SKYRING_DATA_DIR=/var/lib/skyring
 VOLUME ["/var/lib/skyring"]
-EXPOSE 8080
+EXPOSE 8080 9090
 
 HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ping' % os.environ.get('SKYRING_PORT', '8080'), timeout=2)"]

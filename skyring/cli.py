@@ -33,6 +33,18 @@ def build_parser() -> argparse.ArgumentParser:
             default=None,
             help=f"{f.metadata['help']} [{ENV_PREFIX}{f.name.upper()}] (default: {getattr(defaults, f.name)})",
         )
+    cluster = commands.add_parser(
+        "cluster",
+        help="run a local cluster: a NATS server and several nodes",
+        description="Start nats-server and N nodes on consecutive ports on this machine; Ctrl-C stops them all.",
+    )
+    cluster.add_argument("--nodes", type=int, default=3, help="how many nodes (default: 3)")
+    cluster.add_argument("--host", default="127.0.0.1", help="address for every node (default: 127.0.0.1)")
+    cluster.add_argument("--port", type=int, default=8080, help="first node's port; 0 picks free ports (default: 8080)")
+    cluster.add_argument("--nats-port", type=int, default=4222, help="NATS port; 0 picks a free one (default: 4222)")
+    cluster.add_argument("--data-dir", default="skyring-data", help="each node keeps its data in <dir>/<node>")
+    cluster.add_argument("--storage", choices=["sqlite", "memory"], default="sqlite", help="(default: sqlite)")
+    cluster.add_argument("--cluster", default="local", help="cluster name (default: local)")
     return parser
 
 
@@ -44,6 +56,8 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "cluster":
+        return _run_cluster(args)
     try:
         settings = settings_from_args(args, os.environ)
     except ValueError as exc:
@@ -52,6 +66,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .server import run
 
     return run(settings)
+
+
+def _run_cluster(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .localcluster import run_cluster
+
+    if args.nodes < 1:
+        raise SystemExit("skyring: error: --nodes must be at least 1")
+    options = {name: getattr(args, name) for name in ("nodes", "host", "port", "nats_port", "data_dir", "storage")}
+    return asyncio.run(run_cluster(cluster=args.cluster, **options))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,6 +28,7 @@ logger = logging.getLogger(__name__)
 class NodeState(enum.Enum):
     STARTING = "starting"  #: recovering timers; not serving yet
     SERVING = "serving"
+    LEAVING = "leaving"  #: handing its timers to other nodes; still answers for those it holds
     CLOSING = "closing"  #: refusing changes, finishing deliveries
     CLOSED = "closed"
 
@@ -105,11 +105,9 @@ class Node:
 
     # -- the API's operations ----------------------------------------------------------------
 
-    async def create(self, request: TimerRequest, timer_id: str | None = None) -> str:
-        """Store and schedule a new timer; returns its id. Raises ``TimerExists``, ``StorageError``."""
+    async def create(self, request: TimerRequest, timer_id: str) -> None:
+        """Store and schedule a new timer. Raises ``TimerExists``, ``StorageError``."""
         self._check_serving()
-        if timer_id is None:
-            timer_id = str(uuid.uuid4())
         timer = self._new_timer(timer_id, request)
         self._store.insert(timer)
         try:
@@ -119,7 +117,6 @@ class Node:
             raise
         self._store.arm(timer)
         self.counters.created += 1
-        return timer_id
 
     async def replace(self, timer_id: str, request: TimerRequest) -> None:
         """Replace a pending or retrying timer; its timeout counts from now.
@@ -191,8 +188,13 @@ class Node:
         return Timer(deadline_ms, timer_id, deadline_ms, request.timeout_ms, 0, request.spec)
 
     def _check_serving(self) -> None:
-        if self.state is not NodeState.SERVING:
+        if self.state is not NodeState.SERVING and self.state is not NodeState.LEAVING:
             raise NodeDraining(f"node {self.node_id} is {self.state.value}")
+
+    def begin_leaving(self) -> None:
+        """From now on, take in no timers from other nodes."""
+        if self.state is NodeState.SERVING:
+            self.state = NodeState.LEAVING
 
     # -- moving timers to other nodes (rebalance, hand-off) and taking them in -------------------
 
@@ -215,6 +217,10 @@ class Node:
 
     def pending_ids(self) -> list[str]:
         return self._store.pending_ids()
+
+    @property
+    def pending_count(self) -> int:
+        return self._store.pending_count
 
     def take(self, timer_ids: Iterable[str]) -> list[Timer]:
         """Start moving the pending or retrying timers among ``timer_ids``: they fire nowhere until released."""
@@ -240,9 +246,10 @@ class Node:
     async def adopt(self, timers: list[Timer]) -> int:
         """Store and schedule timers moved here, keeping their deadlines; ids already here are kept as they are.
 
-        Returns how many were taken in. Raises ``StorageError`` (then none were taken in).
+        Returns how many were taken in. Raises ``NodeDraining`` or ``StorageError`` (then none were).
         """
-        self._check_serving()
+        if self.state is not NodeState.SERVING:
+            raise NodeDraining(f"node {self.node_id} is {self.state.value}: not taking in timers")
         new = [t for t in timers if t.id not in self._store]
         for timer in new:
             self._store.insert(timer)

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from .app import create_app
+from .app import SERVICE_KEY, create_app
 from .errors import SkyringError
 from .settings import Settings
 
@@ -78,6 +78,8 @@ async def serve(
             on_ready(url)
         await shutdown_trigger()
         logger.info("shutting down node=%s", settings.node_id)
+        # Leave while still listening: requests keep being answered (or forwarded) during the grace.
+        await runner.app[SERVICE_KEY].leave()
     finally:
         await runner.cleanup()
         sock.close()

@@ -8,6 +8,7 @@ Imports nothing from skyring.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,16 @@ class Settings:
     delivery_concurrency: int = _opt(1024, "callbacks in flight at once on this node", min=1)
     delivery_per_host: int = _opt(128, "callbacks in flight at once to one receiver (capped by the above)", min=1)
     shutdown_timeout_s: float = _opt(10.0, "on shutdown, how long in-flight work may take to finish", min=0.0)
+    nats: str = _opt("", "NATS server URL(s), comma-separated, to join a cluster; empty runs the node alone")
+    cluster: str = _opt("skyring", "nodes with the same cluster name form one ring", pattern=r"[A-Za-z0-9_-]{1,64}")
+    advertise_host: str = _opt("", "address other nodes use to reach this one; default --host (hostname if 0.0.0.0)")
+    peer_port: int = _opt(0, "port of the node-to-node channel; 0 picks a free port", min=0, max=65535)
+    heartbeat_s: float = _opt(1.0, "how often a node announces it is alive", min=0.01)
+    failure_timeout_s: float = _opt(5.0, "a node not heard from this long is dropped from the ring", min=0.05)
+    leave_grace_s: float = _opt(1.0, "on shutdown, how long to keep serving after announcing the leave", min=0.0)
+    handoff_timeout_s: float = _opt(30.0, "on shutdown, how long handing timers to other nodes may take", min=0.1)
+    forward_timeout_s: float = _opt(5.0, "how long a forwarded request may take at its owner", min=0.01)
+    forward_retry_s: float = _opt(3.0, "how long to retry an unreachable owner before answering 503", min=0.0)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> Settings:
@@ -66,6 +77,10 @@ class Settings:
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
+
+    @property
+    def nats_servers(self) -> list[str]:
+        return [url.strip() for url in self.nats.split(",") if url.strip()]
 
 
 FIELDS: tuple[dataclasses.Field[Any], ...] = dataclasses.fields(Settings)
@@ -102,3 +117,5 @@ def _check(f: dataclasses.Field[Any], value: Any, source: str) -> None:
         raise ValueError(f"{source}={value!r} must be at least {meta['min']}")
     if "max" in meta and value > meta["max"]:
         raise ValueError(f"{source}={value!r} must be at most {meta['max']}")
+    if "pattern" in meta and not re.fullmatch(meta["pattern"], value):
+        raise ValueError(f"{source}={value!r} must match {meta['pattern']}")

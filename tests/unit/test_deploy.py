@@ -65,8 +65,32 @@ def test_compose_service_command_and_environment_are_accepted(name, service):
     assert {k for k in service.get("environment", {}) if k.startswith(ENV_PREFIX)} <= KNOWN_VARIABLES
     assert settings.host == "0.0.0.0"
     published = {int(p.split(":")[-1]) for p in service.get("ports", [])}
-    assert settings.port in published or not published
+    assert published == {settings.port}
     assert f":{settings.port}/ping" in " ".join(service["healthcheck"]["test"])
     if settings.storage == "sqlite":
         mounts = [v.split(":")[1] for v in service.get("volumes", [])]
         assert settings.data_dir in mounts
+
+
+def test_compose_runs_a_cluster_on_host_ports_8080_to_8082():
+    """Three nodes, each published on its own host port, with distinct ids, data volumes and peer addresses."""
+    services = skyring_services()
+    host_ports = sorted(int(p.split(":")[0]) for _, svc in services for p in svc["ports"])
+    node_ids = {svc["command"][svc["command"].index("--node-id") + 1] for _, svc in services}
+    volumes = {svc["volumes"][0].split(":")[0] for _, svc in services}
+    advertised = {svc["command"][svc["command"].index("--advertise-host") + 1] for _, svc in services}
+
+    assert host_ports == [8080, 8081, 8082]
+    assert len(node_ids) == len(volumes) == 3
+    assert advertised == {name for name, _ in services}
+
+
+@pytest.mark.parametrize(("name", "service"), skyring_services())
+def test_compose_nodes_reach_the_nats_service(name, service):
+    """SKYRING_NATS names the compose NATS service on its client port, with JetStream on for later."""
+    nats = compose_services()["nats"]
+    url = service["environment"]["SKYRING_NATS"]
+
+    assert url == "nats://nats:4222"
+    assert "--jetstream" in nats["command"]
+    assert service["depends_on"]["nats"]["condition"] == "service_healthy"

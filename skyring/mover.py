@@ -1,0 +1,147 @@
+"""Moves timers to the nodes that own them, keeping their deadlines.
+
+Used when the ring changes (every node sends on the timers it no longer owns) and for hand-off
+batches received over NATS. A timer is released by its old holder only after the new owner has
+stored it; a batch that cannot be placed stays (or goes back) where it was and is tried again.
+Imports core modules, the node, the router and the peer client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+
+from .codec import encode_timers
+from .errors import PeerError, SkyringError
+from .node import Node
+from .peers import PeerClient
+from .router import Router
+from .timers import Timer
+
+__all__ = ["Mover"]
+
+logger = logging.getLogger(__name__)
+
+_SCAN_CHUNK = 2000  # ids checked against the ring per loop iteration, so a big store never stalls the loop
+_RETRY_S = 1.0
+
+
+class Mover:
+    """Places timers at their owners and keeps this node's timers where the ring says.
+
+    Args:
+        batch_size: timers per adopt request.
+        concurrency: adopt requests in flight at once.
+    """
+
+    def __init__(
+        self, node: Node, router: Router, peers: PeerClient, *, batch_size: int = 500, concurrency: int = 4
+    ) -> None:
+        self._node = node
+        self._router = router
+        self._peers = peers
+        self._batch_size = batch_size
+        self._slots = asyncio.Semaphore(concurrency)
+        self._wanted = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<Mover running={self._task is not None} idle={self._idle.is_set()}>"
+
+    def trigger(self) -> None:
+        """Check (soon, in the background) for timers held here that another node owns."""
+        self._wanted.set()
+        self._idle.clear()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="skyring-rebalance")
+
+    async def settled(self, timeout_s: float) -> bool:
+        """Wait until no rebalance is wanted or running; False if that took longer than ``timeout_s``."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def place(self, timers: list[Timer]) -> tuple[list[Timer], list[Timer]]:
+        """Store each timer at its owner by the current ring. Returns ``(placed, failed)``."""
+        by_owner: defaultdict[str, list[Timer]] = defaultdict(list)
+        ring = self._router.ring
+        for timer in timers:
+            by_owner[ring.owner(timer.id)].append(timer)
+        batches = [
+            (owner, group[i : i + self._batch_size])
+            for owner, group in by_owner.items()
+            for i in range(0, len(group), self._batch_size)
+        ]
+        outcomes = await asyncio.gather(*(self._place_batch(owner, batch) for owner, batch in batches))
+        placed = [t for ok, (_, batch) in zip(outcomes, batches, strict=True) if ok for t in batch]
+        failed = [t for ok, (_, batch) in zip(outcomes, batches, strict=True) if not ok for t in batch]
+        return placed, failed
+
+    async def _place_batch(self, owner: str, batch: list[Timer]) -> bool:
+        async with self._slots:
+            try:
+                if owner == self._router.node_id:
+                    await self._node.adopt(batch)
+                    return True
+                address = self._router.address(owner)
+                if address is None:
+                    return False
+                await self._peers.request(address, {"op": "adopt"}, encode_timers(batch))
+                return True
+            except (PeerError, SkyringError) as exc:
+                logger.warning("cannot place timers owner=%s count=%d error=%s", owner, len(batch), exc)
+                return False
+
+    async def _run(self) -> None:
+        while True:
+            await self._wanted.wait()
+            self._wanted.clear()
+            try:
+                failed = await self._rebalance()
+            except Exception:
+                logger.exception("rebalance crashed")
+                failed = 1
+            if failed:
+                await asyncio.sleep(_RETRY_S)
+                self._wanted.set()
+            elif not self._wanted.is_set():
+                self._idle.set()
+
+    async def _rebalance(self) -> int:
+        """Send every timer held here that another node owns to its owner; returns how many failed."""
+        started_s = time.monotonic()
+        moved = failed = 0
+        ids = self._node.pending_ids()
+        for start in range(0, len(ids), _SCAN_CHUNK):
+            ring, me = self._router.ring, self._router.node_id
+            misplaced = [i for i in ids[start : start + _SCAN_CHUNK] if ring.owner(i) != me]
+            if misplaced:
+                placed, unplaced = await self.place(self._node.take(misplaced))
+                await self._node.release(placed, moved=True)
+                await self._node.release(unplaced, moved=False)
+                moved += len(placed)
+                failed += len(unplaced)
+            await asyncio.sleep(0)
+        if moved or failed:
+            logger.info(
+                "rebalance moved=%d failed=%d ms=%d ring=%s",
+                moved,
+                failed,
+                (time.monotonic() - started_s) * 1000,
+                self._router.ring.checksum,
+            )
+        return failed
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        self._idle.set()
