@@ -116,7 +116,12 @@ class Router:
         if ring == self.ring:
             self._addresses.update(addresses)
             return False
-        self._previous, self.ring = self.ring, ring
+        if self.ring.members == {self._me} and ring.members != {self._me}:
+            # Joining: the timers this node now owns are still with the members it joined.
+            self._previous = Ring(ring.members - {self._me})
+        else:
+            self._previous = self.ring
+        self.ring = ring
         self._changed_at_s = time.monotonic()
         self._addresses.update(addresses)
         return True
