@@ -10,7 +10,6 @@ go through the router, which answers them here or at the owning node.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -45,11 +44,15 @@ async def _body(request: web.Request) -> bytes:
 
 
 async def create_timer(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
     timer_id = request.headers.get(TIMER_ID_HEADER)
     generated = timer_id is None
-    timer_id = str(uuid.uuid4()) if timer_id is None else check_timer_id(timer_id)
+    if timer_id is None:
+        timer_id = service.router.new_id(local=service.settings.local_ids)
+    else:
+        check_timer_id(timer_id)
     body = await _body(request)
-    return _respond(await request.app[SERVICE_KEY].router.handle("create", timer_id, body, generated=generated))
+    return _respond(await service.router.handle("create", timer_id, body, generated=generated))
 
 
 async def update_timer(request: web.Request) -> web.Response:

@@ -26,10 +26,13 @@ def build_parser() -> argparse.ArgumentParser:
     for f in FIELDS:
         flag = "--" + f.name.replace("_", "-")
         choices = f.metadata.get("choices")
+        kind = field_type(f)
         serve.add_argument(
             flag,
             dest=f.name,
-            metavar="{" + ",".join(choices) + "}" if choices else field_type(f).__name__.upper(),
+            metavar="{" + ",".join(choices) + "}" if choices else kind.__name__.upper(),
+            nargs="?" if kind is bool else None,  # a bare --flag means true
+            const="true" if kind is bool else None,
             default=None,
             help=f"{f.metadata['help']} [{ENV_PREFIX}{f.name.upper()}] (default: {getattr(defaults, f.name)})",
         )

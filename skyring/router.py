@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -35,6 +36,7 @@ OPS = frozenset({"create", "replace", "cancel", "get"})
 REASON_HEADER = "x-skyring-reason"
 _JSON = {"Content-Type": "application/json"}
 _RETRY_PAUSE_S = 0.1
+_LOCAL_ID_TRIES = 64
 
 
 class Reply(NamedTuple):
@@ -131,6 +133,16 @@ class Router:
 
     def owns(self, timer_id: str) -> bool:
         return self.ring.owner(timer_id) == self._me
+
+    def new_id(self, *, local: bool = False) -> str:
+        """A fresh timer id; with ``local``, one this node owns, so creating it needs no hop."""
+        timer_id = str(uuid.uuid4())
+        if local:
+            for _ in range(_LOCAL_ID_TRIES):  # each try succeeds with probability 1/members
+                if self.owns(timer_id):
+                    break
+                timer_id = str(uuid.uuid4())
+        return timer_id
 
     # -- answering operations -------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ class Settings:
     handoff_timeout_s: float = _opt(30.0, "on shutdown, how long handing timers to other nodes may take", min=0.1)
     forward_timeout_s: float = _opt(5.0, "how long a forwarded request may take at its owner", min=0.01)
     forward_retry_s: float = _opt(3.0, "how long to retry an unreachable owner before answering 503", min=0.0)
+    local_ids: bool = _opt(False, "give creates without x-timer-id an id this node owns, so they need no hop")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> Settings:
@@ -85,7 +86,8 @@ class Settings:
 
 FIELDS: tuple[dataclasses.Field[Any], ...] = dataclasses.fields(Settings)
 _FIELDS_BY_NAME = {f.name: f for f in FIELDS}
-_TYPES = {"str": str, "int": int, "float": float}
+_TYPES = {"str": str, "int": int, "float": float, "bool": bool}
+_BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
 def field_type(f: dataclasses.Field[Any]) -> type:
@@ -96,8 +98,12 @@ def field_type(f: dataclasses.Field[Any]) -> type:
 def _convert(f: dataclasses.Field[Any], raw: Any, source: str) -> Any:
     kind = field_type(f)
     value: Any
-    if isinstance(raw, kind) and not isinstance(raw, bool):
+    if isinstance(raw, kind) and (kind is bool or not isinstance(raw, bool)):
         value = raw
+    elif kind is bool:
+        value = _BOOLEANS.get(str(raw).strip().lower())
+        if value is None:
+            raise ValueError(f"{source}={raw!r} must be true or false")
     else:
         try:
             value = kind(str(raw).strip())

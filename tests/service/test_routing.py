@@ -166,3 +166,15 @@ async def test_adopted_timers_keep_their_deadline_and_attempts(pair):
     view = await b.router.handle("get", timer_id, local=True)
     assert b'"attempts":2' in view.body
     assert f'"deadline_ms":{timer.deadline_ms}'.encode() in view.body
+
+
+async def test_local_ids_are_owned_by_the_entry_node(pair):
+    """With local ids, every generated id is one this node owns, so its create needs no hop."""
+    a, b = pair
+    join(a, b)
+
+    ids = [a.router.new_id(local=True) for _ in range(200)]
+
+    assert all(a.router.owns(i) for i in ids)
+    assert len(set(ids)) == 200
+    assert not all(a.router.owns(a.router.new_id()) for _ in range(200))

@@ -65,3 +65,13 @@ def test_flag_shadows_a_bad_environment_value():
     settings = from_cli(["--port", "0"], {"SKYRING_PORT": "eighty"})
 
     assert settings.port == 0
+
+
+def test_boolean_settings_accept_a_bare_flag_and_words():
+    """--local-ids alone means true; variables take true/false/yes/no/1/0; anything else is refused."""
+    assert from_cli(["--local-ids"]).local_ids is True
+    assert from_cli(["--local-ids", "false"]).local_ids is False
+    assert from_cli([], {"SKYRING_LOCAL_IDS": "YES"}).local_ids is True
+    assert from_cli([]).local_ids is False
+    with pytest.raises(ValueError, match="SKYRING_LOCAL_IDS"):
+        from_cli([], {"SKYRING_LOCAL_IDS": "maybe"})
