@@ -19,6 +19,7 @@ from aiohttp import web
 
 from .app import SERVICE_KEY, create_app
 from .errors import SkyringError
+from .service import advertised_host, host_port
 from .settings import Settings
 
 __all__ = ["READY_PREFIX", "STARTUP_FAILURE", "run", "serve"]
@@ -30,13 +31,6 @@ STARTUP_FAILURE = 3
 FORCED_EXIT = 1
 
 
-def _host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _default_node_id(host: str, port: int) -> str:
-    # A wildcard address names no machine; the hostname does.
-    return _host_port(socket.gethostname() if host in ("0.0.0.0", "::", "") else host, port)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -62,7 +56,7 @@ async def serve(
     """
     sock = _bind(settings.host, settings.port)
     port = sock.getsockname()[1]
-    settings = settings.replace(port=port, node_id=settings.node_id or _default_node_id(settings.host, port))
+    settings = settings.replace(port=port, node_id=settings.node_id or host_port(advertised_host(settings), port))
     runner = web.AppRunner(
         create_app(settings), handle_signals=False, access_log=None, shutdown_timeout=settings.shutdown_timeout_s
     )
@@ -71,7 +65,7 @@ async def serve(
         await web.SockSite(runner, sock).start()
         # Objects alive now live as long as the process: keep them out of every future GC pass.
         gc.freeze()
-        url = "http://" + _host_port(settings.host, port)
+        url = "http://" + host_port(settings.host, port)
         line = f"{READY_PREFIX} node={settings.node_id} url={url}"
         print(line, file=sys.stderr, flush=True)
         if on_ready is not None:

@@ -25,19 +25,19 @@ from .settings import Settings
 from .storage import open_storage
 from .transports import Transports
 
-__all__ = ["Service", "advertised_host"]
+__all__ = ["Service", "advertised_host", "host_port"]
 
 logger = logging.getLogger(__name__)
 
 
 def advertised_host(settings: Settings) -> str:
-    """The address other nodes and clients should use for this node."""
+    """The address other nodes and clients should use for this node (a wildcard names no machine)."""
     if settings.advertise_host:
         return settings.advertise_host
     return socket.gethostname() if settings.host in ("0.0.0.0", "::", "") else settings.host
 
 
-def _host_port(host: str, port: int) -> str:
+def host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -110,7 +110,7 @@ class Service:
             await peers.close()
             raise
         host = advertised_host(settings)
-        me = Member(settings.node_id, "http://" + _host_port(host, settings.port), _host_port(host, peer_server.port))
+        me = Member(settings.node_id, "http://" + host_port(host, settings.port), host_port(host, peer_server.port))
         mover = Mover(node, router, peers)
         router.on_misplaced = mover.trigger
         service = cls(settings, node, router)
