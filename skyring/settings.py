@@ -75,6 +75,10 @@ class Settings:
     def __post_init__(self) -> None:
         for f in FIELDS:
             _check(f, getattr(self, f.name), f.name)
+        if self.failure_timeout_s <= 2 * self.heartbeat_s:
+            raise ValueError(
+                f"failure_timeout_s ({self.failure_timeout_s}) must be more than twice heartbeat_s ({self.heartbeat_s})"
+            )
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)

@@ -75,3 +75,9 @@ def test_boolean_settings_accept_a_bare_flag_and_words():
     assert from_cli([]).local_ids is False
     with pytest.raises(ValueError, match="SKYRING_LOCAL_IDS"):
         from_cli([], {"SKYRING_LOCAL_IDS": "maybe"})
+
+
+def test_failure_timeout_must_outlast_two_heartbeats():
+    """One late heartbeat must not drop a node, so failure_timeout_s > 2 * heartbeat_s."""
+    with pytest.raises(ValueError, match="failure_timeout_s"):
+        Settings(heartbeat_s=1.0, failure_timeout_s=2.0)
