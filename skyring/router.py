@@ -18,8 +18,8 @@ answer is 503. Imports core modules, the node and the peer client; never aiohttp
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -29,7 +29,7 @@ from .node import Node
 from .peers import PeerClient
 from .ring import Ring
 
-__all__ = ["MAX_HOPS", "OPS", "Reply", "Router", "error_reply", "location"]
+__all__ = ["MAX_HOPS", "OPS", "RandomUuids", "Reply", "Router", "error_reply", "location"]
 
 MAX_HOPS = 3
 OPS = frozenset({"create", "replace", "cancel", "get"})
@@ -68,6 +68,27 @@ def reply_for(exc: SkyringError) -> Reply:
 _MISDIRECTED = error_reply(421, "not_here", "this node does not hold that timer")
 
 
+class RandomUuids:
+    """Random (version 4) UUID strings, like ``str(uuid.uuid4())`` at a third of the cost.
+
+    One ``os.urandom`` call serves 256 ids (``uuid4`` makes a syscall and a ``UUID`` object per id).
+    """
+
+    _BATCH = 256
+    _VARIANT = {f"{n:x}": "89ab"[n & 3] for n in range(16)}  # RFC 4122 variant bits: 10xx
+
+    def __init__(self) -> None:
+        self._pool = b""
+        self._at = 0
+
+    def __call__(self) -> str:
+        if self._at >= len(self._pool):
+            self._pool, self._at = os.urandom(16 * self._BATCH), 0
+        h = self._pool[self._at : self._at + 16].hex()
+        self._at += 16
+        return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{self._VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+
+
 class Router:
     """Answers timer operations for this node, locally or through the owner.
 
@@ -101,6 +122,7 @@ class Router:
         self._previous: Ring | None = None
         self._changed_at_s = -float("inf")
         self._addresses: dict[str, str] = {}
+        self._new_uuid = RandomUuids()
 
     def __repr__(self) -> str:
         return f"<Router {self._me} ring={self.ring.checksum} members={len(self.ring.members)}>"
@@ -136,12 +158,12 @@ class Router:
 
     def new_id(self, *, local: bool = False) -> str:
         """A fresh timer id; with ``local``, one this node owns, so creating it needs no hop."""
-        timer_id = str(uuid.uuid4())
+        timer_id = self._new_uuid()
         if local:
             for _ in range(_LOCAL_ID_TRIES):  # each try succeeds with probability 1/members
                 if self.owns(timer_id):
                     break
-                timer_id = str(uuid.uuid4())
+                timer_id = self._new_uuid()
         return timer_id
 
     # -- answering operations -------------------------------------------------------------------

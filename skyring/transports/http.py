@@ -6,6 +6,7 @@ Maps aiohttp's exceptions to ``DeliveryError``; nothing of aiohttp escapes this 
 from __future__ import annotations
 
 import email.utils
+import functools
 import re
 import time
 from typing import Any
@@ -30,6 +31,7 @@ _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _BAD_URI_CHAR = re.compile(r"[\x00-\x20\x7f]")  # controls (tab included) and space
 # Set by skyring or by the HTTP stack; a timer's own headers may not change them.
 _RESERVED = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te"})
+_URI_RULE = "callback.uri must be an absolute http:// or https:// URL"
 _RETRYABLE_STATUSES = frozenset({408, 425, 429})
 # aiohttp would add Content-Type: application/octet-stream to an empty body, and ask for compression.
 _NO_AUTO_HEADERS = ("Content-Type", "Accept-Encoding")
@@ -75,8 +77,7 @@ class HttpTransport:
         return normalized
 
     def destination(self, callback: dict[str, Any]) -> str:
-        url = URL(callback["uri"])
-        return f"{url.scheme}://{url.host}:{url.port}"
+        return _destination(callback["uri"])
 
     async def deliver(self, delivery: Delivery) -> None:
         if self._session is None:
@@ -121,10 +122,22 @@ class HttpTransport:
             await self._session.close()
 
 
+@functools.lru_cache(maxsize=4096)
+def _destination(uri: str) -> str:
+    url = URL(uri)
+    return f"{url.scheme}://{url.host}:{url.port}"
+
+
 def _check_uri(uri: Any) -> str:
-    rule = "callback.uri must be an absolute http:// or https:// URL"
-    if not isinstance(uri, str) or len(uri) > MAX_URI_LENGTH or _BAD_URI_CHAR.search(uri):
-        raise InvalidRequest(rule, code="invalid_uri")
+    if isinstance(uri, str) and len(uri) <= MAX_URI_LENGTH:
+        return _check_uri_text(uri)  # cached: most clients use a handful of callback URLs
+    raise InvalidRequest(_URI_RULE, code="invalid_uri")
+
+
+@functools.lru_cache(maxsize=4096)
+def _check_uri_text(uri: str) -> str:
+    if _BAD_URI_CHAR.search(uri):
+        raise InvalidRequest(_URI_RULE, code="invalid_uri")
     try:
         url = URL(uri)
         # .host decodes IDNA lazily and .port checks the range: both raise ValueError (UnicodeError) here.
@@ -132,7 +145,7 @@ def _check_uri(uri: Any) -> str:
     except (ValueError, TypeError):
         valid = False
     if not valid:
-        raise InvalidRequest(rule, code="invalid_uri")
+        raise InvalidRequest(_URI_RULE, code="invalid_uri")
     return uri
 
 

@@ -296,3 +296,11 @@ def test_restored_timers_fire_here_at_their_deadline(store, clock, fired):
     clock.advance(1)
 
     assert fired == [timer]
+
+
+def test_index_stays_tracked_so_young_collections_skip_it(store, clock):
+    """The id index is never untracked, so it is not re-tracked as a young object walked by every collection."""
+    add(store, make_timer(clock, "a", 1000))
+    gc.collect()
+
+    assert gc.is_tracked(store._pending)
