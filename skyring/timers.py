@@ -2,13 +2,12 @@
 
 No I/O. Time comes from an injected ``Clock``; due timers are handed to an ``on_due`` callback.
 
-Why one heap and one armed loop timer, rather than a ``loop.call_later`` handle per timer: a handle
-costs ~380-690 bytes and is a GC-tracked object; with a million pending timers a full collection over
-the handles stalls the loop for 0.6-1.1 s (``research/limits.md`` §1b). The store keeps each timer as an
-exact tuple of atoms (str, int, bytes), which the GC untracks (a ``NamedTuple`` instance stays tracked:
-a full collection over 1M of them took 246 ms against 29 ms), and the heap holds those same tuples.
-Cancelled timers stay in the heap until they surface or a compaction drops them (lazy deletion, as
-asyncio does with its handles). Callers see ``Timer``s; timers are compared by value, not identity.
+Why not a ``loop.call_later`` handle per timer: a handle costs ~380-690 bytes and is a GC-tracked
+object; with a million pending timers a full collection over the handles stalls the loop for 0.6-1.1 s
+(``research/limits.md`` §1b). The store keeps each timer as an exact tuple of atoms (str, int, bytes),
+which the GC untracks (a ``NamedTuple`` instance stays tracked: a full collection over 1M of them took
+246 ms against 29 ms), and schedules them in a ``_Schedule`` with one loop alarm armed for the earliest.
+Callers see ``Timer``s; timers are compared by value, not identity.
 Imports only ``errors``.
 """
 
@@ -99,6 +98,125 @@ class LoopClock:
         return self._call_later(delay_s, callback)
 
 
+_SECOND_MS = 1000
+# (entries due less than this far beyond the near window, go in buckets this wide): a bucket is
+# re-sorted into finer ones, or into the heap, once its start enters the near window.
+_LEVELS = ((3_600_000, 1000), (86_400_000, 60_000), (math.inf, 3_600_000))
+_MIGRATE_BATCH = 20_000  # entries moved between levels per loop iteration
+_SWEEP_EVERY = 256  # forgotten entries between two sweeps for dead ones
+_SWEEP_BATCH = 512  # entries a sweep looks at: twice the dead ones made meanwhile
+
+
+class _Schedule:
+    """Due times of armed timers: a heap for the next second or two, coarse buckets beyond.
+
+    A timer due within the hour waits in a 1 s bucket, within the day in a 1 min one, beyond in a
+    1 h one; a bucket is re-sorted into finer buckets, or into the heap, once its start enters the
+    near window, a bounded slice per loop iteration. Removed timers leave dead entries behind (lazy
+    deletion: an entry is live while ``live[id] is entry``): they are dropped when they surface, when the near heap is
+    rebuilt, or by a sweep over the buckets that runs a little with every few removals. With one heap
+    for everything, cancelling half of 1M timers meant rebuilding a 1M-entry heap at once (~1 s stall).
+    """
+
+    def __init__(self, live: dict[str, _Raw], now_ms: float) -> None:
+        self._live = live
+        self._near: list[_Raw] = []  # a heap of the entries due before _horizon_ms
+        self._near_dead = 0
+        # Bucket key: its start (a whole second, in ms) plus its level (0-2).
+        self._far: dict[int, list[_Raw]] = {}
+        self._far_keys: list[int] = []  # a heap of keys in _far (and some already gone)
+        self._horizon_ms = (int(now_ms) // _SECOND_MS + 2) * _SECOND_MS
+        self._forgotten = 0
+        self._sweep_keys: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._near) + sum(map(len, self._far.values()))
+
+    def push(self, raw: _Raw) -> None:
+        due_ms = raw[0]
+        distance_ms = due_ms - self._horizon_ms
+        if distance_ms < 0:
+            heapq.heappush(self._near, raw)
+            return
+        level = 0
+        while distance_ms >= _LEVELS[level][0]:
+            level += 1
+        key = due_ms - due_ms % _LEVELS[level][1] + level
+        bucket = self._far.get(key)
+        if bucket is None:
+            self._far[key] = [raw]
+            heapq.heappush(self._far_keys, key)
+        else:
+            bucket.append(raw)
+
+    def next_ms(self) -> float:
+        """When the store must next look: the earliest near entry, or a second before a bucket starts."""
+        near_ms = self._near[0][0] if self._near else math.inf
+        far_ms = self._far_keys[0] // _SECOND_MS * _SECOND_MS - _SECOND_MS if self._far_keys else math.inf
+        return min(near_ms, far_ms)
+
+    def advance(self, now_ms: float) -> bool:
+        """Re-sort the buckets whose start the near window now covers; True if some are left for later."""
+        self._horizon_ms = max(self._horizon_ms, (int(now_ms) // _SECOND_MS + 2) * _SECOND_MS)
+        keys, far, live = self._far_keys, self._far, self._live
+        budget = _MIGRATE_BATCH
+        while keys and keys[0] < self._horizon_ms:
+            bucket = far.get(keys[0])
+            if bucket is None:
+                heapq.heappop(keys)
+                continue
+            if budget <= 0:
+                return True
+            moving = bucket[-budget:]
+            del bucket[-budget:]
+            if not bucket:
+                del far[heapq.heappop(keys)]
+            budget -= len(moving)
+            for raw in moving:
+                if live.get(raw[1]) is raw:
+                    self.push(raw)  # into the heap, or a finer bucket (never one already due)
+        return False
+
+    def pop_due(self, now_ms: float) -> _Raw | None:
+        """The earliest entry if it is due by ``now_ms`` (live or not), else None."""
+        near = self._near
+        if near and near[0][0] <= now_ms:
+            return heapq.heappop(near)
+        return None
+
+    def forget(self, raw: _Raw) -> None:
+        """``raw`` is no longer live: account for its dead entry."""
+        if raw[0] < self._horizon_ms:
+            self._near_dead += 1
+            if self._near_dead > len(self._near) // 2 + 1024:
+                live = self._live
+                self._near[:] = [r for r in self._near if live.get(r[1]) is r]
+                heapq.heapify(self._near)
+                self._near_dead = 0
+        self._forgotten += 1
+        if self._forgotten >= _SWEEP_EVERY:
+            self._forgotten = 0
+            self._sweep()
+
+    def _sweep(self) -> None:
+        """Drop dead entries from the next few buckets, round-robin over all of them."""
+        far, live = self._far, self._live
+        looked_at = 0
+        while looked_at < _SWEEP_BATCH:
+            if not self._sweep_keys:
+                self._sweep_keys = list(far)
+                if not self._sweep_keys:
+                    return
+            key = self._sweep_keys.pop()
+            bucket = far.get(key)
+            if bucket is None:
+                continue
+            looked_at += len(bucket)
+            bucket[:] = [raw for raw in bucket if live.get(raw[1]) is raw]
+            if not bucket:
+                del far[key]
+
+
 class TimerStore:
     """Timers by id, in three states, with one alarm armed for the earliest due time.
 
@@ -119,7 +237,7 @@ class TimerStore:
         self._pending = _Index()
         self._delivering = _Index()
         self._moving = _Index()
-        self._heap: list[_Raw] = []
+        self._schedule = _Schedule(self._pending, clock.now_ms())
         self._alarm: Cancellable | None = None
         self._alarm_due_ms = math.inf
         self._running = True
@@ -130,7 +248,7 @@ class TimerStore:
     def __repr__(self) -> str:
         return (
             f"<TimerStore pending={len(self._pending)} delivering={len(self._delivering)}"
-            f" moving={len(self._moving)} heap={len(self._heap)}>"
+            f" moving={len(self._moving)} scheduled={len(self._schedule)}>"
         )
 
     def __contains__(self, timer_id: str) -> bool:
@@ -169,8 +287,8 @@ class TimerStore:
         raw = self._pending.get(timer.id)
         if raw is None or raw != timer:
             return
-        heapq.heappush(self._heap, raw)
-        if timer.due_ms < self._alarm_due_ms:
+        self._schedule.push(raw)
+        if self._schedule.next_ms() < self._alarm_due_ms:
             self._set_alarm()
 
     def current(self, timer_id: str) -> Timer:
@@ -189,24 +307,25 @@ class TimerStore:
 
     def swap(self, old: Timer, new: Timer) -> bool:
         """Put unarmed ``new`` in place of ``old``; False if ``old`` is no longer current."""
-        if self._pending.get(old.id) != old:
+        raw = self._pending.get(old.id)
+        if raw is None or raw != old:
             return False
         self._pending[old.id] = _raw(new)
-        self._note_stale()
+        self._schedule.forget(raw)
         return True
 
     def remove(self, timer_id: str) -> Timer:
         """Cancel a pending or retrying timer; it will not fire. Raises like ``current``."""
         timer = self.current(timer_id)
-        del self._pending[timer_id]
-        self._note_stale()
+        self._schedule.forget(self._pending.pop(timer_id))
         return timer
 
     def discard(self, timer: Timer) -> None:
         """Remove ``timer`` if it is still the current one (used to roll back a failed write)."""
-        if self._pending.get(timer.id) == timer:
+        raw = self._pending.get(timer.id)
+        if raw is not None and raw == timer:
             del self._pending[timer.id]
-            self._note_stale()
+            self._schedule.forget(raw)
 
     def finish(self, timer: Timer) -> None:
         """A delivering timer is done (delivered or given up); forget it."""
@@ -231,8 +350,8 @@ class TimerStore:
             raw = self._pending.pop(timer_id, None)
             if raw is not None:
                 self._moving[timer_id] = raw
+                self._schedule.forget(raw)
                 taken.append(_make(raw))
-        self._note_stale()
         return taken
 
     def moved(self, timers: Iterable[Timer]) -> None:
@@ -255,9 +374,8 @@ class TimerStore:
         count = 0
         for timer in timers:
             self.insert(timer)
-            self._heap.append(self._pending[timer.id])
+            self._schedule.push(self._pending[timer.id])
             count += 1
-        heapq.heapify(self._heap)
         self._set_alarm()
         return count
 
@@ -266,26 +384,19 @@ class TimerStore:
         self._running = False
         self._cancel_alarm()
 
-    def _note_stale(self) -> None:
-        # Removed timers linger in the heap; rebuild it once they outnumber the live ones.
-        if len(self._heap) > 2 * len(self._pending) + 1024:
-            pending = self._pending
-            self._heap[:] = [raw for raw in self._heap if pending.get(raw[1]) is raw]  # same list: it may be frozen
-            heapq.heapify(self._heap)
-
     def _cancel_alarm(self) -> None:
         if self._alarm is not None:
             self._alarm.cancel()
             self._alarm = None
         self._alarm_due_ms = math.inf
 
-    def _set_alarm(self, now_ms: float | None = None) -> None:
+    def _set_alarm(self, now_ms: float | None = None, *, soon: bool = False) -> None:
         self._cancel_alarm()
-        if not self._heap or not self._running:
-            return
-        due_ms = self._heap[0][0]
         if now_ms is None:
             now_ms = self._clock.now_ms()
+        due_ms = now_ms if soon else self._schedule.next_ms()
+        if due_ms == math.inf or not self._running:
+            return
         self._alarm_due_ms = due_ms
         self._alarm = self._clock.call_later(max(0.0, (due_ms - now_ms) / 1000.0), self._on_alarm)
 
@@ -293,15 +404,15 @@ class TimerStore:
         self._alarm = None
         self._alarm_due_ms = math.inf
         now_ms = self._clock.now_ms()
-        heap, pending, delivering = self._heap, self._pending, self._delivering
+        schedule, pending, delivering = self._schedule, self._pending, self._delivering
+        more = schedule.advance(now_ms)
         handed = 0
         # The alarm may ring early (uvloop rounds to whole ms): the due check re-arms instead of firing.
-        while heap and heap[0][0] <= now_ms and handed < self._fire_batch:
-            raw = heapq.heappop(heap)
+        while handed < self._fire_batch and (raw := schedule.pop_due(now_ms)) is not None:
             timer_id = raw[1]
             if pending.get(timer_id) is raw:
                 del pending[timer_id]
                 delivering[timer_id] = raw
                 handed += 1
                 self._on_due(_make(raw))
-        self._set_alarm(now_ms)
+        self._set_alarm(now_ms, soon=more)

@@ -238,14 +238,65 @@ def test_stop_fires_nothing_more(store, clock, fired):
     assert store.pending_count == 1
 
 
-def test_heap_is_compacted_after_many_cancels(store, clock):
-    """Cancelled timers do not pile up in the heap."""
-    for i in range(5000):
-        add(store, make_timer(clock, f"t{i}", 60_000))
-    for i in range(5000):
+def test_cancelled_timers_do_not_pile_up(store, clock):
+    """Cancelled timers, near or far, leave few dead entries behind."""
+    for i in range(6000):
+        add(store, make_timer(clock, f"t{i}", 500 if i % 2 else 3_600_000 + i * 1000))
+    for i in range(6000):
         store.remove(f"t{i}")
 
-    assert len(store._heap) <= 1024
+    assert len(store._schedule) <= 1024 + 4096
+
+
+def test_mass_cancel_never_does_much_work_in_one_call(clock, fired):
+    """Cancelling most of 50,000 far-off timers looks at a bounded number of entries per cancel."""
+    store = TimerStore(clock, fired.append)
+    for i in range(50_000):
+        add(store, make_timer(clock, f"t{i}", 60_000 + (i % 3000) * 1000))
+    checks = 0
+    pending = store._pending
+
+    class CountingLookups:
+        def get(self, timer_id):
+            nonlocal checks
+            checks += 1
+            return pending.get(timer_id)
+
+    store._schedule._live = CountingLookups()
+    most = 0
+    for i in range(45_000):
+        checks = 0
+        store.remove(f"t{i}")
+        most = max(most, checks)
+    clock.advance(3_100_000)
+
+    assert most < 5000
+    assert len(fired) == 5000
+    assert sorted(t.id for t in fired) == sorted(f"t{i}" for i in range(45_000, 50_000))
+
+
+def test_timers_days_ahead_are_resorted_as_they_come_near(store, clock, fired):
+    """A timer two days out passes through the coarse buckets and fires exactly at its deadline."""
+    timer = add(store, make_timer(clock, "far", 2 * 86_400_000 + 1234))
+    near = add(store, make_timer(clock, "near", 5000))
+
+    clock.advance(2 * 86_400_000 + 1233)
+    assert fired == [near]
+    clock.advance(1)
+
+    assert fired == [near, timer]
+
+
+def test_far_timers_fire_on_time_across_buckets(store, clock, fired):
+    """Timers due seconds to hours ahead fire at their deadlines, in order, never early."""
+    timeouts_ms = [1, 999, 1000, 1001, 1999, 2500, 61_000, 3_600_000]
+    timers = [add(store, make_timer(clock, f"t{ms}", ms)) for ms in timeouts_ms]
+
+    for timer in timers:
+        clock.advance(timer.deadline_ms - clock.now_ms() - 0.5)
+        assert timer not in fired
+        clock.advance(0.5)
+        assert fired[-1] == timer
 
 
 def test_pending_timers_are_not_tracked_by_the_gc(store, clock):
@@ -255,7 +306,7 @@ def test_pending_timers_are_not_tracked_by_the_gc(store, clock):
     gc.collect()
 
     assert not gc.is_tracked(store._pending["a"])
-    assert not any(gc.is_tracked(raw) for raw in store._heap)
+    assert not any(gc.is_tracked(raw) for raw in store._schedule._near)
 
 
 def test_taken_timers_do_not_fire_and_keep_their_id(store, clock, fired):
