@@ -8,6 +8,7 @@ Imports nothing from skyring.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 __all__ = ["ENV_PREFIX", "FIELDS", "LOG_LEVELS", "STORAGE_BACKENDS", "Settings"]
 
 ENV_PREFIX = "SKYRING_"
+DEFAULT_DATA_DIR = "skyring-data"
 STORAGE_BACKENDS = ("sqlite", "memory")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _DAY_MS = 86_400_000
@@ -31,7 +33,9 @@ class Settings:
     port: int = _opt(8080, "port to listen on; 0 picks a free port", min=0, max=65535)
     node_id: str = _opt("", "this node's name; default <host>:<port>")
     storage: str = _opt("sqlite", "where timers are kept: sqlite (durable) or memory", choices=STORAGE_BACKENDS)
-    data_dir: str = _opt("skyring-data", "directory for the sqlite store")
+    data_dir: str = _opt(
+        "", "directory for the sqlite store; default skyring-data, in a cluster skyring-data/<node-id>"
+    )
     log_level: str = _opt("info", "log level", choices=LOG_LEVELS)
     max_timeout_ms: int = _opt(365 * _DAY_MS, "longest accepted timeout, in ms (31536000000 = 365 days)", min=1)
     max_body_bytes: int = _opt(1024 * 1024, "largest accepted request body, in bytes", min=1024)
@@ -82,6 +86,16 @@ class Settings:
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
+
+    @property
+    def data_path(self) -> str:
+        """``data_dir``, or its default: one directory per node id in a cluster, so nodes started side by
+        side in one directory do not share (and lock) one store."""
+        if self.data_dir:
+            return self.data_dir
+        if not self.nats_servers:
+            return DEFAULT_DATA_DIR
+        return os.path.join(DEFAULT_DATA_DIR, re.sub(r"[^A-Za-z0-9._-]", "_", self.node_id))
 
     @property
     def nats_servers(self) -> list[str]:

@@ -90,14 +90,16 @@ async def run_skyring(*args: str, env: dict[str, str] | None = None, timeout_s: 
     return Exited(proc.returncode, stdout.decode(errors="replace"), stderr.decode(errors="replace"))
 
 
-async def start_command(*args: str, env: dict[str, str] | None = None, timeout_s: float = 20.0) -> SkyringProcess:
+async def start_command(
+    *args: str, env: dict[str, str] | None = None, timeout_s: float = 20.0, cwd: Path | None = None
+) -> SkyringProcess:
     """Run ``python -m skyring *args`` exactly, adding no flags, and wait for its ready line.
 
     For tests of configuration that the defaults of ``SkyringProcess.start`` (``--port 0``, ...) would override.
     """
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     argv = [sys.executable, "-m", "skyring", *args]
-    proc = await asyncio.create_subprocess_exec(*argv, stderr=asyncio.subprocess.PIPE, env=full_env)
+    proc = await asyncio.create_subprocess_exec(*argv, stderr=asyncio.subprocess.PIPE, env=full_env, cwd=cwd)
     assert proc.stderr is not None
     log: list[str] = []
     try:

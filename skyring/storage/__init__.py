@@ -44,4 +44,4 @@ async def open_storage(settings: Settings) -> Storage:
         return MemoryStorage()
     from .sqlite import SqliteStorage
 
-    return await SqliteStorage.open(settings.data_dir)
+    return await SqliteStorage.open(settings.data_path)

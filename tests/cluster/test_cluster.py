@@ -10,6 +10,7 @@ import pytest
 
 from tests.cluster.client import call, check_fired_once_on_time, create
 from tests.cluster.conftest import cluster_view, wait_for_ring
+from tests.harness import start_command
 from tests.support import eventually, timer_body
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
@@ -175,3 +176,14 @@ async def test_unreachable_owner_gets_503_within_the_retry_bound(trio, http, sin
     async with http.post(a.url + "/timer", json=timer_body(sink.hook(), timeout_ms=100)) as r:
         assert r.status == 201
     await eventually(lambda: len(sink.calls) >= 1, 5)
+
+
+async def test_nodes_started_side_by_side_keep_separate_default_stores(nats_server, processes, http, tmp_path):
+    """Three clustered nodes started in one directory without --data-dir each get skyring-data/<node-id>."""
+    args = ("serve", "--port", "0", "--nats", nats_server.url, "--cluster", "side", "--heartbeat-s", "0.2")
+    nodes = [await start_command(*args, "--node-id", f"s{i}", cwd=tmp_path) for i in (1, 2, 3)]
+    processes.extend(nodes)
+
+    await wait_for_ring(http, nodes)
+
+    assert sorted(p.name for p in (tmp_path / "skyring-data").iterdir()) == ["s1", "s2", "s3"]

@@ -81,3 +81,10 @@ def test_failure_timeout_must_outlast_two_heartbeats():
     """One late heartbeat must not drop a node, so failure_timeout_s > 2 * heartbeat_s."""
     with pytest.raises(ValueError, match="failure_timeout_s"):
         Settings(heartbeat_s=1.0, failure_timeout_s=2.0)
+
+
+def test_default_data_dir_is_one_per_node_in_a_cluster():
+    """Alone a node keeps its data in skyring-data; in a cluster in skyring-data/<node-id>; --data-dir wins."""
+    assert Settings(node_id="127.0.0.1:8080").data_path == "skyring-data"
+    assert Settings(node_id="127.0.0.1:8080", nats="nats://n:4222").data_path == "skyring-data/127.0.0.1_8080"
+    assert Settings(node_id="a", nats="nats://n:4222", data_dir="/var/lib/x").data_path == "/var/lib/x"
