@@ -253,6 +253,9 @@ class Router:
             except PeerTimeout as exc:  # the owner may have applied it: do not try again
                 return reply_for(PeerTimeout(f"owner {owner} did not answer in time: {exc}"))
             except PeerUnavailable as exc:
+                if generated and op == "create" and not retried:
+                    # Nobody knows this id yet: give the timer one this node owns instead.
+                    return await self._local(op, self.new_id(local=True), body)
                 if time.monotonic() >= deadline_s:
                     return reply_for(PeerUnavailable(f"owner {owner} is unreachable: {exc}"))
             except PeerError as exc:

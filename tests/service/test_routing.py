@@ -178,3 +178,18 @@ async def test_local_ids_are_owned_by_the_entry_node(pair):
     assert all(a.router.owns(i) for i in ids)
     assert len(set(ids)) == 200
     assert not all(a.router.owns(a.router.new_id()) for _ in range(200))
+
+
+async def test_create_with_a_generated_id_survives_an_unreachable_owner(pair):
+    """A create whose made-up id belongs to an unreachable node is stored here under a new id."""
+    a, b = pair
+    join(a, b)
+    await b.server.close()
+    timer_id = id_owned_by("b", ["a", "b"])
+
+    reply = await a.router.handle("create", timer_id, BODY, generated=True)
+
+    assert reply.status == 201
+    new_id = reply.headers["Location"].removeprefix("/timer/")
+    assert new_id != timer_id
+    assert a.router.owns(new_id) and a.node.holds(new_id)
