@@ -443,7 +443,7 @@ async def test_client_close_fails_pending_requests(server, handler, client):
 
 async def test_server_close_does_not_wait_forever_for_a_peer_that_does_not_read(server, handler, monkeypatch):
     """Closing the server aborts a connection whose unread replies cannot be flushed within the grace period."""
-    monkeypatch.setattr("skyring.peers._CLOSE_GRACE_S", 100 * MS)
+    monkeypatch.setattr("skyring.frames.CLOSE_GRACE_S", 100 * MS)
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
         writer.write(frame(1, b"{}", b"z" * 16_000_000))  # its echo fills every buffer on the way back
