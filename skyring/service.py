@@ -14,8 +14,9 @@ import logging
 import socket
 from typing import Any
 
-from .cluster import Bus, Member, Membership
+from .cluster import Bus
 from .handoff import HandOff
+from .membership import Member, Membership
 from .mover import Mover
 from .node import Node
 from .peers import PeerClient, PeerServer

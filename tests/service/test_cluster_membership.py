@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from skyring.cluster import Bus, Member, Membership, Message, members_subject
+from skyring.cluster import Bus, Message, members_subject
 from skyring.codec import dumps
 from skyring.errors import ClusterError
+from skyring.membership import Member, Membership
 from tests.nats import NatsServer
 from tests.support import MS, eventually
 
@@ -135,7 +136,7 @@ async def test_silent_member_expires_after_failure_timeout(
     start_node: StartNode, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A member that stops without leaving is dropped after failure_timeout_s, and on_change reports it."""
-    caplog.set_level(logging.INFO, logger="skyring.cluster")
+    caplog.set_level(logging.INFO, logger="skyring")
     a = await start_node("a")
     b = await start_node("b")
     await eventually(lambda: a.ids == {"a", "b"}, timeout_s=1.0)
