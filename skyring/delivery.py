@@ -98,7 +98,11 @@ class Dispatcher:
             job = self._prepare(self._ready.popleft())
             if job is None:
                 continue
-            destination = job[1].destination(job[3])
+            try:
+                destination = job[1].destination(job[3])
+            except Exception as exc:  # a plug-in bug, or a callback stored by another version
+                self._spawn(self._sink.failed(job[0], job[0].attempts, f"no destination: {exc!r}"))
+                continue
             if self._active_by_destination[destination] >= self._per_destination:
                 self._parked[destination].append(job)
             else:

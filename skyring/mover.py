@@ -48,12 +48,15 @@ class Mover:
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
 
     def __repr__(self) -> str:
         return f"<Mover running={self._task is not None} idle={self._idle.is_set()}>"
 
     def trigger(self) -> None:
         """Check (soon, in the background) for timers held here that another node owns."""
+        if self._closing:
+            return
         self._wanted.set()
         self._idle.clear()
         if self._task is None:
@@ -100,19 +103,22 @@ class Mover:
                 return False
 
     async def _run(self) -> None:
-        while True:
+        while not self._closing:
             await self._wanted.wait()
             self._wanted.clear()
+            if self._closing:
+                break
             try:
                 failed = await self._rebalance()
             except Exception:
                 logger.exception("rebalance crashed")
                 failed = 1
-            if failed:
+            if failed and not self._closing:
                 await asyncio.sleep(_RETRY_S)
                 self._wanted.set()
             elif not self._wanted.is_set():
                 self._idle.set()
+        self._idle.set()
 
     async def _rebalance(self) -> int:
         """Send every timer held here that another node owns to its owner; returns how many failed."""
@@ -120,10 +126,19 @@ class Mover:
         moved = failed = 0
         ids = self._node.pending_ids()
         for start in range(0, len(ids), _SCAN_CHUNK):
+            if self._closing:  # stop between chunks: nothing is left half-moved
+                break
             ring, me = self._router.ring, self._router.node_id
             misplaced = [i for i in ids[start : start + _SCAN_CHUNK] if ring.owner(i) != me]
             if misplaced:
-                placed, unplaced = await self.place(self._node.take(misplaced))
+                taken = self._node.take(misplaced)
+                try:
+                    placed, unplaced = await self.place(taken)
+                except asyncio.CancelledError:
+                    # Cut off mid-chunk: keep them here (an owner that already stored some has a copy,
+                    # which it fires too: at least once beats never).
+                    await self._node.release(taken, moved=False)
+                    raise
                 await self._node.release(placed, moved=True)
                 await self._node.release(unplaced, moved=False)
                 moved += len(placed)
@@ -139,9 +154,17 @@ class Mover:
             )
         return failed
 
-    async def close(self) -> None:
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Stop rebalancing: let the chunk under way finish (within ``timeout_s``), start nothing new.
+
+        Safe to call twice; ``trigger`` does nothing afterwards.
+        """
+        self._closing = True
+        self._wanted.set()  # wake the loop so it sees the flag
         if self._task is not None:
-            self._task.cancel()
+            done, _ = await asyncio.wait([self._task], timeout=timeout_s)
+            if not done:
+                self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         self._idle.set()

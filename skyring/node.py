@@ -222,6 +222,10 @@ class Node:
     def pending_count(self) -> int:
         return self._store.pending_count
 
+    @property
+    def moving_count(self) -> int:
+        return self._store.moving_count
+
     def take(self, timer_ids: Iterable[str]) -> list[Timer]:
         """Start moving the pending or retrying timers among ``timer_ids``: they fire nowhere until released."""
         return self._store.take(timer_ids)

@@ -99,7 +99,7 @@ class LoopClock:
 
 
 _SECOND_MS = 1000
-# (entries due less than this far beyond the near window, go in buckets this wide): a bucket is
+# (entries due at most this far beyond now, go in buckets this wide): a bucket is
 # re-sorted into finer ones, or into the heap, once its start enters the near window.
 _LEVELS = ((3_600_000, 1000), (86_400_000, 60_000), (math.inf, 3_600_000))
 _MIGRATE_BATCH = 20_000  # entries moved between levels per loop iteration
@@ -127,19 +127,22 @@ class _Schedule:
         self._far_keys: list[int] = []  # a heap of keys in _far (and some already gone)
         self._horizon_ms = (int(now_ms) // _SECOND_MS + 2) * _SECOND_MS
         self._forgotten = 0
-        self._sweep_keys: list[int] = []
+        self._sweep_keys: list[int] = []  # buckets still to sweep in this round; the last is under way
+        self._sweep_at = 0  # where in that bucket the sweep goes on
 
     def __len__(self) -> int:
         return len(self._near) + sum(map(len, self._far.values()))
 
-    def push(self, raw: _Raw) -> None:
+    def push(self, raw: _Raw, now_ms: float) -> None:
         due_ms = raw[0]
-        distance_ms = due_ms - self._horizon_ms
-        if distance_ms < 0:
+        if due_ms < self._horizon_ms:
             heapq.heappush(self._near, raw)
             return
+        # The width follows the distance from now: the horizon moves only when an alarm rings, which
+        # for far-off timers can be an hour away (a stale horizon put 1 h timers in 1 min buckets).
+        distance_ms = due_ms - max(self._horizon_ms, now_ms)
         level = 0
-        while distance_ms >= _LEVELS[level][0]:
+        while distance_ms > _LEVELS[level][0]:
             level += 1
         key = due_ms - due_ms % _LEVELS[level][1] + level
         bucket = self._far.get(key)
@@ -174,7 +177,7 @@ class _Schedule:
             budget -= len(moving)
             for raw in moving:
                 if live.get(raw[1]) is raw:
-                    self.push(raw)  # into the heap, or a finer bucket (never one already due)
+                    self.push(raw, now_ms)  # into the heap, or a finer bucket (never one already due)
         return False
 
     def pop_due(self, now_ms: float) -> _Raw | None:
@@ -199,22 +202,31 @@ class _Schedule:
             self._sweep()
 
     def _sweep(self) -> None:
-        """Drop dead entries from the next few buckets, round-robin over all of them."""
+        """Drop dead entries from the next ``_SWEEP_BATCH`` bucket entries, round-robin over all buckets."""
         far, live = self._far, self._live
         looked_at = 0
         while looked_at < _SWEEP_BATCH:
             if not self._sweep_keys:
                 self._sweep_keys = list(far)
+                self._sweep_at = 0
                 if not self._sweep_keys:
                     return
-            key = self._sweep_keys.pop()
+            key = self._sweep_keys[-1]
             bucket = far.get(key)
-            if bucket is None:
+            if bucket is None or self._sweep_at >= len(bucket):
+                self._sweep_keys.pop()
+                self._sweep_at = 0
+                if bucket is not None and not bucket:
+                    del far[key]
                 continue
-            looked_at += len(bucket)
-            bucket[:] = [raw for raw in bucket if live.get(raw[1]) is raw]
-            if not bucket:
-                del far[key]
+            # One window of a bucket at a time, so a big bucket never makes one cancel slow.
+            start, end = self._sweep_at, self._sweep_at + _SWEEP_BATCH - looked_at
+            window = bucket[start:end]
+            kept = [raw for raw in window if live.get(raw[1]) is raw]
+            if len(kept) < len(window):
+                bucket[start:end] = kept
+            self._sweep_at = start + len(kept)
+            looked_at += len(window)
 
 
 class TimerStore:
@@ -287,7 +299,7 @@ class TimerStore:
         raw = self._pending.get(timer.id)
         if raw is None or raw != timer:
             return
-        self._schedule.push(raw)
+        self._schedule.push(raw, self._clock.now_ms())
         if self._schedule.next_ms() < self._alarm_due_ms:
             self._set_alarm()
 
@@ -372,9 +384,10 @@ class TimerStore:
     def load(self, timers: Iterable[Timer]) -> int:
         """Add and arm many timers at once (recovery). Returns how many were added."""
         count = 0
+        now_ms = self._clock.now_ms()
         for timer in timers:
             self.insert(timer)
-            self._schedule.push(self._pending[timer.id])
+            self._schedule.push(self._pending[timer.id], now_ms)
             count += 1
         self._set_alarm()
         return count
@@ -405,14 +418,18 @@ class TimerStore:
         self._alarm_due_ms = math.inf
         now_ms = self._clock.now_ms()
         schedule, pending, delivering = self._schedule, self._pending, self._delivering
-        more = schedule.advance(now_ms)
-        handed = 0
-        # The alarm may ring early (uvloop rounds to whole ms): the due check re-arms instead of firing.
-        while handed < self._fire_batch and (raw := schedule.pop_due(now_ms)) is not None:
-            timer_id = raw[1]
-            if pending.get(timer_id) is raw:
-                del pending[timer_id]
-                delivering[timer_id] = raw
-                handed += 1
-                self._on_due(_make(raw))
-        self._set_alarm(now_ms, soon=more)
+        more = False
+        try:
+            more = schedule.advance(now_ms)
+            handed = 0
+            # The alarm may ring early (uvloop rounds to whole ms): the due check re-arms instead of firing.
+            while handed < self._fire_batch and (raw := schedule.pop_due(now_ms)) is not None:
+                timer_id = raw[1]
+                if pending.get(timer_id) is raw:
+                    del pending[timer_id]
+                    delivering[timer_id] = raw
+                    handed += 1
+                    self._on_due(_make(raw))
+        finally:
+            # Whatever ``on_due`` raised, the next alarm is armed: one bad timer must not stop the rest.
+            self._set_alarm(now_ms, soon=more)

@@ -91,7 +91,8 @@ class SqliteStorage:
         done = self._queued_done
         if self._writing is None:
             self._write_queued()
-        return done
+        # Every caller of one group commit shares ``done``: a caller that is cancelled must not cancel it.
+        return asyncio.shield(done)
 
     def _write_queued(self) -> None:
         ops, done = self._queued, self._queued_done
@@ -103,17 +104,19 @@ class SqliteStorage:
 
     def _written(self, written: asyncio.Future[None], done: asyncio.Future[None]) -> None:
         self._writing = None
-        exc = written.exception()
-        if exc is None:
-            self._commits += 1
-            done.set_result(None)
-        else:
-            self._last_error = str(exc)
-            logger.error("storage write failed path=%s error=%s", self._path, exc)
-            done.set_exception(StorageError(f"storage write failed: {exc}"))
-            done.exception()  # retrieved here: callers that stopped waiting must not warn
-        if self._queued:
-            self._write_queued()
+        try:
+            exc = written.exception()
+            if exc is None:
+                self._commits += 1
+                done.set_result(None)
+            else:
+                self._last_error = str(exc)
+                logger.error("storage write failed path=%s error=%s", self._path, exc)
+                done.set_exception(StorageError(f"storage write failed: {exc}"))
+                done.exception()  # retrieved here: callers that stopped waiting must not warn
+        finally:
+            if self._queued:
+                self._write_queued()
 
     def _write(self, ops: list[_Op]) -> None:
         conn = self._conn
@@ -123,7 +126,8 @@ class SqliteStorage:
                 conn.executemany(_UPSERT if kind == _PUT else _DELETE, [args for _, args in group])
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise
 
     async def load(self) -> list[Timer]:

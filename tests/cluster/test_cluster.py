@@ -187,3 +187,23 @@ async def test_nodes_started_side_by_side_keep_separate_default_stores(nats_serv
     await wait_for_ring(http, nodes)
 
     assert sorted(p.name for p in (tmp_path / "skyring-data").iterdir()) == ["s1", "s2", "s3"]
+
+
+async def test_leave_without_grace_loses_nothing(start_node, http, sink):
+    """SIGTERM with --leave-grace-s 0 and thousands of timers: the survivors hold every one, none stranded."""
+    nodes = list(await asyncio.gather(*(start_node(f"g{i}", "--leave-grace-s", "0") for i in (1, 2, 3))))
+    await wait_for_ring(http, nodes)
+    rng = random.Random(23)
+    semaphore = asyncio.Semaphore(32)
+
+    async def one() -> None:
+        async with semaphore:
+            await create(http, rng.choice(nodes), sink.hook(), 120_000)
+
+    await asyncio.gather(*(one() for _ in range(4000)))
+
+    assert await nodes[0].stop(signal.SIGTERM) == 0
+    reports = [await (await http.get(n.url + "/health")).json() for n in nodes[1:]]
+
+    assert sum(r["timers"]["pending"] for r in reports) == 4000, nodes[0].output[-2000:]
+    assert "failed=0" in nodes[0].output

@@ -157,3 +157,21 @@ async def test_replace_that_cannot_be_stored_keeps_the_old_timer(failing_node):
         await node.replace("a", request(5000))
 
     assert b'"timeout_ms":1000' in node.view("a")
+
+
+async def test_a_cancelled_writer_does_not_fail_the_others_in_its_commit(tmp_path):
+    """One caller giving up on a group commit neither fails the others nor stalls later writes."""
+    storage = await SqliteStorage.open(str(tmp_path))
+    await storage.put(timer("warm-up"))
+    first = asyncio.ensure_future(storage.put(timer("a")))
+    blocked = asyncio.ensure_future(storage.put(timer("b")))  # queued behind the first commit
+    other = asyncio.ensure_future(storage.put(timer("c")))  # shares the second commit with b
+
+    blocked.cancel()
+    await first
+    await asyncio.wait_for(other, 5)
+    await asyncio.wait_for(storage.put(timer("d")), 5)
+    loaded = sorted(t.id for t in await storage.load())
+    await storage.close()
+
+    assert loaded == ["a", "b", "c", "d", "warm-up"]

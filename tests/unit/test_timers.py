@@ -355,3 +355,49 @@ def test_index_stays_tracked_so_young_collections_skip_it(store, clock):
     gc.collect()
 
     assert gc.is_tracked(store._pending)
+
+
+def test_buckets_stay_fine_while_time_passes_without_alarms(clock, fired):
+    """One-hour timers created over minutes land in 1 s buckets (not ever wider ones), and cancels stay cheap."""
+    store = TimerStore(clock, fired.append)
+    for i in range(30_000):
+        add(store, make_timer(clock, f"t{i}", 3_600_000))
+        clock.advance(10)  # 300 s pass; no alarm rings, the first timer is an hour away
+    checks = 0
+    pending = store._pending
+
+    class CountingLookups:
+        def get(self, timer_id):
+            nonlocal checks
+            checks += 1
+            return pending.get(timer_id)
+
+    store._schedule._live = CountingLookups()
+    most = 0
+    for i in range(0, 30_000, 2):
+        checks = 0
+        store.remove(f"t{i}")
+        most = max(most, checks)
+
+    assert max(len(bucket) for bucket in store._schedule._far.values()) <= 101
+    assert most <= 512
+
+
+def test_an_error_handing_over_one_timer_does_not_stop_the_others(clock):
+    """If on_due raises for one timer, the alarm is still re-armed and later timers fire."""
+    fired: list[str] = []
+
+    def on_due(timer):
+        if timer.id == "bad":
+            raise RuntimeError("boom")
+        fired.append(timer.id)
+
+    store = TimerStore(clock, on_due)
+    add(store, make_timer(clock, "bad", 10))
+    add(store, make_timer(clock, "good", 20))
+
+    with pytest.raises(RuntimeError):
+        clock.advance(10)
+    clock.advance(10)
+
+    assert fired == ["good"]
