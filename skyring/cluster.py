@@ -174,6 +174,11 @@ class Bus:
     def connected(self) -> bool:
         return self._client.is_connected and not self._closed
 
+    @property
+    def max_payload_bytes(self) -> int:
+        """The largest message the server takes (its ``max_payload``, 1 MiB by default)."""
+        return int(self._client.max_payload)
+
     def on_reconnect(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` after each reconnect, once subscriptions are restored."""
         self._reconnect_callbacks.append(callback)

@@ -23,6 +23,7 @@ __all__ = [
     "dumps",
     "encode_data",
     "encode_error",
+    "encode_timer_batches",
     "encode_timer_view",
     "encode_timers",
     "loads",
@@ -140,6 +141,22 @@ def encode_timer_view(timer: Timer, state: TimerState, *, now_ms: float, node_id
 def encode_timers(timers: list[Timer]) -> bytes:
     """A batch of timers for moving between nodes, deadlines and attempt counts intact."""
     return orjson.dumps([[*timer[:5], orjson.Fragment(timer.spec)] for timer in timers])
+
+
+def encode_timer_batches(timers: list[Timer], *, max_bytes: int, max_count: int) -> list[tuple[list[Timer], bytes]]:
+    """``timers`` as encoded batches of at most ``max_count`` timers and ``max_bytes`` each (a single
+    timer larger than that makes a batch of its own, which the sender cannot send)."""
+    batches = []
+    pending = [timers[i : i + max_count] for i in range(0, len(timers), max_count)]
+    while pending:
+        batch = pending.pop()
+        encoded = encode_timers(batch)
+        if len(encoded) > max_bytes and len(batch) > 1:
+            half = len(batch) // 2
+            pending += [batch[:half], batch[half:]]
+        else:
+            batches.append((batch, encoded))
+    return batches
 
 
 def decode_timers(raw: bytes) -> list[Timer]:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .cluster import Bus, Message, Subscription, handoff_queue, handoff_subject
-from .codec import decode_timers, dumps, encode_timers, loads
+from .codec import decode_timers, dumps, encode_timer_batches, loads
 from .errors import ClusterError
 from .mover import Mover
 from .node import Node
@@ -86,37 +86,45 @@ class HandOff:
 
         Timers that fall due meanwhile are delivered here (only those taken for a batch are not), and
         those in a batch are armed by their new owner with their original deadline. Returns
-        ``(handed_off, left)``: the timers still pending here, which stay in local storage.
+        ``(handed_off, left)``: the timers still here, which stay in local storage.
         Gives up early once ``has_peers()`` is false (every other node left too).
         """
         deadline_s = time.monotonic() + timeout_s
         handed_off = 0
-        queue = self._node.pending_ids()
         slots = asyncio.Semaphore(self._concurrency)
-        while queue and time.monotonic() < deadline_s and has_peers():
-            batches = [queue[i : i + self._batch_size] for i in range(0, len(queue), self._batch_size)]
-            results = await asyncio.gather(*(self._send(ids, slots, deadline_s) for ids in batches))
-            handed_off += sum(len(placed) for placed, _ in results)
-            queue = [timer_id for _, unplaced in results for timer_id in unplaced]
-            if queue:
+        # Each round takes whatever is pending by then: timers put back by a failed batch, and retries
+        # of deliveries that were under way, go in the next round.
+        while (queue := self._node.pending_ids()) and time.monotonic() < deadline_s and has_peers():
+            chunks = [queue[i : i + self._batch_size] for i in range(0, len(queue), self._batch_size)]
+            handed_off += sum(await asyncio.gather(*(self._send(ids, slots, deadline_s) for ids in chunks)))
+            if self._node.pending_count:
                 await asyncio.sleep(_RETRY_PAUSE_S)
-        return handed_off, self._node.pending_count
+        return handed_off, self._node.pending_count + self._node.moving_count
 
-    async def _send(self, ids: list[str], slots: asyncio.Semaphore, deadline_s: float) -> tuple[list[Timer], list[str]]:
+    async def _send(self, ids: list[str], slots: asyncio.Semaphore, deadline_s: float) -> int:
+        """Hand off the timers among ``ids`` still pending; returns how many were placed."""
         async with slots:
             timers = self._node.take(ids)
-            if not timers:
-                return [], []
-            timeout_s = min(self._request_timeout_s, max(0.1, deadline_s - time.monotonic()))
+            placed_count = 0
             try:
-                answer: dict[str, Any] = loads(
-                    await self._bus.request(handoff_subject(self._cluster), encode_timers(timers), timeout_s=timeout_s)
-                )
-                unplaced = set(answer.get("failed", ()))
-            except (ClusterError, ValueError) as exc:
-                logger.warning("hand-off batch not acknowledged count=%d error=%s", len(timers), exc)
-                unplaced = {t.id for t in timers}
-            placed = [t for t in timers if t.id not in unplaced]
-            await self._node.release(placed, moved=True)
-            await self._node.release([t for t in timers if t.id in unplaced], moved=False)
-            return placed, sorted(unplaced)
+                # NATS refuses messages over its max_payload: keep every batch well under it.
+                max_bytes = self._bus.max_payload_bytes - 4096
+                for batch, encoded in encode_timer_batches(timers, max_bytes=max_bytes, max_count=len(timers)):
+                    placed = await self._send_batch(batch, encoded, deadline_s)
+                    await self._node.release(placed, moved=True)
+                    placed_count += len(placed)
+            finally:
+                await self._node.release(timers, moved=False)  # what was not placed stays here
+            return placed_count
+
+    async def _send_batch(self, batch: list[Timer], encoded: bytes, deadline_s: float) -> list[Timer]:
+        timeout_s = min(self._request_timeout_s, max(0.1, deadline_s - time.monotonic()))
+        try:
+            answer: dict[str, Any] = loads(
+                await self._bus.request(handoff_subject(self._cluster), encoded, timeout_s=timeout_s)
+            )
+            unplaced = set(answer.get("failed", ()))
+        except (ClusterError, ValueError) as exc:
+            logger.warning("hand-off batch not acknowledged count=%d error=%s", len(batch), exc)
+            return []
+        return [t for t in batch if t.id not in unplaced]

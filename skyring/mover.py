@@ -13,10 +13,10 @@ import logging
 import time
 from collections import defaultdict
 
-from .codec import encode_timers
+from .codec import encode_timer_batches
 from .errors import PeerError, SkyringError
 from .node import Node
-from .peers import PeerClient
+from .peers import MAX_FRAME_BYTES, PeerClient
 from .router import Router
 from .timers import Timer
 
@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 _SCAN_CHUNK = 2000  # ids checked against the ring per loop iteration, so a big store never stalls the loop
 _RETRY_S = 1.0
+_MAX_BATCH_BYTES = MAX_FRAME_BYTES // 2  # room for the frame's own header and meta
 
 
 class Mover:
@@ -78,16 +79,16 @@ class Mover:
         for timer in timers:
             by_owner[ring.owner(timer.id)].append(timer)
         batches = [
-            (owner, group[i : i + self._batch_size])
+            (owner, batch, encoded)
             for owner, group in by_owner.items()
-            for i in range(0, len(group), self._batch_size)
+            for batch, encoded in encode_timer_batches(group, max_bytes=_MAX_BATCH_BYTES, max_count=self._batch_size)
         ]
-        outcomes = await asyncio.gather(*(self._place_batch(owner, batch) for owner, batch in batches))
-        placed = [t for ok, (_, batch) in zip(outcomes, batches, strict=True) if ok for t in batch]
-        failed = [t for ok, (_, batch) in zip(outcomes, batches, strict=True) if not ok for t in batch]
+        outcomes = await asyncio.gather(*(self._place_batch(*batch) for batch in batches))
+        placed = [t for ok, (_, batch, _) in zip(outcomes, batches, strict=True) if ok for t in batch]
+        failed = [t for ok, (_, batch, _) in zip(outcomes, batches, strict=True) if not ok for t in batch]
         return placed, failed
 
-    async def _place_batch(self, owner: str, batch: list[Timer]) -> bool:
+    async def _place_batch(self, owner: str, batch: list[Timer], encoded: bytes) -> bool:
         async with self._slots:
             try:
                 if owner == self._router.node_id:
@@ -96,7 +97,9 @@ class Mover:
                 address = self._router.address(owner)
                 if address is None:
                     return False
-                await self._peers.request(address, {"op": "adopt"}, encode_timers(batch))
+                answer, _ = await self._peers.request(address, {"op": "adopt"}, encoded)
+                if "adopted" not in answer:
+                    raise PeerError(f"{answer.get('error')}: {answer.get('message')}")
                 return True
             except (PeerError, SkyringError) as exc:
                 logger.warning("cannot place timers owner=%s count=%d error=%s", owner, len(batch), exc)
@@ -132,17 +135,19 @@ class Mover:
             misplaced = [i for i in ids[start : start + _SCAN_CHUNK] if ring.owner(i) != me]
             if misplaced:
                 taken = self._node.take(misplaced)
+                placed: list[Timer] = []
                 try:
                     placed, unplaced = await self.place(taken)
-                except asyncio.CancelledError:
-                    # Cut off mid-chunk: keep them here (an owner that already stored some has a copy,
-                    # which it fires too: at least once beats never).
-                    await self._node.release(taken, moved=False)
-                    raise
-                await self._node.release(placed, moved=True)
-                await self._node.release(unplaced, moved=False)
+                    await self._node.release(placed, moved=True)
+                finally:
+                    # Whatever cut this short, nothing stays half-moved: what was not placed comes
+                    # back here (an owner that stored some before a cut-off fires them too: at least
+                    # once beats never).
+                    placed_ids = {t.id for t in placed}
+                    kept = [t for t in taken if t.id not in placed_ids]
+                    await self._node.release(kept, moved=False)
                 moved += len(placed)
-                failed += len(unplaced)
+                failed += len(kept)
             await asyncio.sleep(0)
         if moved or failed:
             logger.info(

@@ -283,7 +283,10 @@ class Router:
             return {"s": reply.status, "h": reply.headers}, reply.body
         if op == "adopt":
             timers = decode_timers(body)
-            adopted = await self._node.adopt(timers)
+            try:
+                adopted = await self._node.adopt(timers)
+            except SkyringError as exc:  # e.g. this node is leaving: the sender keeps the timers
+                return {"error": exc.code, "message": str(exc)}, b""
             if self.on_misplaced is not None and any(not self.owns(t.id) for t in timers):
                 self.on_misplaced()
             return {"adopted": adopted}, b""

@@ -164,19 +164,17 @@ class Service:
             return
         self._left = True
         self.node.begin_leaving()
+        # The hand-off moves this node's timers; a rebalance must not move them too, or be cut off
+        # half-way: stop it (between chunks) before this node drops itself from its ring.
+        await cluster.mover.close(self.settings.forward_timeout_s)
         await cluster.handoff.stop_serving()
         others = [m for m in cluster.membership.members if m != self.settings.node_id]
         await cluster.membership.leave()
         if not others:
-            logger.info(
-                "last node of cluster=%s: keeping %d timers in local storage",
-                self.settings.cluster,
-                self.node.pending_count,
-            )
+            logger.info("last node: keeping timers in local storage count=%d", self.node.pending_count)
             return
         self._on_members(dict(cluster.membership.members))
         await asyncio.sleep(self.settings.leave_grace_s)
-        await cluster.mover.close()
         me = self.settings.node_id
         handed_off, left = await cluster.handoff.send_all(
             self.settings.handoff_timeout_s, has_peers=lambda: any(m != me for m in cluster.membership.members)
