@@ -9,6 +9,7 @@
     ├── NodeDraining              503    node_draining
     ├── PeerError                 502    peer_error         (forwarding to the owner failed)
     │   ├── PeerUnavailable       503    peer_unavailable   (cannot connect, or the connection was lost)
+    │   │   └── PeerNotConnected  503    peer_unavailable   (the request was certainly never sent)
     │   └── PeerTimeout           504    peer_timeout       (no answer in time)
     ├── ClusterError              503    cluster_error      (NATS failures)
     └── DeliveryError             —      delivery_failed (never reaches HTTP; logged and counted)
@@ -25,6 +26,7 @@ __all__ = [
     "ClusterError",
     "NodeDraining",
     "PeerError",
+    "PeerNotConnected",
     "PeerTimeout",
     "PeerUnavailable",
     "SkyringError",
@@ -98,6 +100,10 @@ class PeerError(SkyringError):
 class PeerUnavailable(PeerError):
     status = 503
     code = "peer_unavailable"
+
+
+class PeerNotConnected(PeerUnavailable):
+    """No connection to the peer could be had: the request was never sent."""
 
 
 class PeerTimeout(PeerError):

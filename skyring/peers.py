@@ -18,7 +18,7 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .errors import PeerError, PeerTimeout, PeerUnavailable
+from .errors import PeerError, PeerNotConnected, PeerTimeout, PeerUnavailable
 from .frames import MAX_FRAME_BYTES, Connection, close_all
 
 __all__ = ["MAX_FRAME_BYTES", "Handler", "PeerClient", "PeerServer"]
@@ -270,7 +270,7 @@ class PeerClient:
 
     async def _connect(self, address: str) -> _ClientConnection:
         if self._closed:
-            raise PeerUnavailable(f"peer client is closed; cannot reach {address}")
+            raise PeerNotConnected(f"peer client is closed; cannot reach {address}")
         attempt = self._connecting.get(address)
         if attempt is None:
             attempt = asyncio.get_running_loop().create_task(self._open(address))
@@ -282,7 +282,7 @@ class PeerClient:
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if attempt.cancelled() and (current is None or not current.cancelling()):
-                raise PeerUnavailable(f"connecting to {address} was abandoned: the client closed") from None
+                raise PeerNotConnected(f"connecting to {address} was abandoned: the client closed") from None
             raise
 
     def _connect_done(self, address: str, attempt: asyncio.Task[_ClientConnection]) -> None:
@@ -296,12 +296,12 @@ class PeerClient:
             async with asyncio.timeout(self._connect_timeout_s):
                 _, connection = await loop.create_connection(lambda: _ClientConnection(loop, self, address), host, port)
         except TimeoutError:
-            raise PeerUnavailable(f"cannot connect to {address}: no answer in {self._connect_timeout_s}s") from None
+            raise PeerNotConnected(f"cannot connect to {address}: no answer in {self._connect_timeout_s}s") from None
         except OSError as exc:
-            raise PeerUnavailable(f"cannot connect to {address}: {exc}") from exc
+            raise PeerNotConnected(f"cannot connect to {address}: {exc}") from exc
         if connection.closed or self._closed or self._connecting.get(address) is not asyncio.current_task():
             connection.abort()
-            raise PeerUnavailable(f"connection to {address} was closed as it opened (lost or forgotten)")
+            raise PeerNotConnected(f"connection to {address} was closed as it opened (lost or forgotten)")
         self._connections[address] = connection
         logger.debug("peer connection opened peer=%s", address)
         return connection
@@ -368,7 +368,7 @@ class _ClientConnection(Connection):
     def send(self, meta: dict[str, Any], body: bytes, timeout_s: float) -> tuple[int, asyncio.Future[_Reply]]:
         """Write a request; returns its id and the future of its reply, failed after ``timeout_s``."""
         if self.closed:
-            raise PeerUnavailable(f"connection to {self.peer} is closed")
+            raise PeerNotConnected(f"connection to {self.peer} is closed")
         request_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
         self._write_frame(request_id, meta, body)
         reply: asyncio.Future[_Reply] = self._loop.create_future()
@@ -426,5 +426,5 @@ def _split_address(address: str) -> tuple[str, int]:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not host or not port.isdigit() or int(port) > 0xFFFF:
-        raise PeerUnavailable(f"bad peer address {address!r}: expected host:port")
+        raise PeerNotConnected(f"bad peer address {address!r}: expected host:port")
     return host, int(port)

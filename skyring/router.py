@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .codec import TimerRequest, decode_timers, encode_error, parse_timer_request
-from .errors import PeerError, PeerTimeout, PeerUnavailable, SkyringError, TimerExists
+from .errors import PeerError, PeerNotConnected, PeerTimeout, PeerUnavailable, SkyringError, TimerExists
 from .node import Node
 from .peers import PeerClient
 from .ring import Ring
@@ -253,8 +253,8 @@ class Router:
             except PeerTimeout as exc:  # the owner may have applied it: do not try again
                 return reply_for(PeerTimeout(f"owner {owner} did not answer in time: {exc}"))
             except PeerUnavailable as exc:
-                if generated and op == "create" and not retried:
-                    # Nobody knows this id yet: give the timer one this node owns instead.
+                if generated and op == "create" and not retried and isinstance(exc, PeerNotConnected):
+                    # The owner never saw this made-up id: give the timer one this node owns instead.
                     return await self._local(op, self.new_id(local=True), body)
                 if time.monotonic() >= deadline_s:
                     return reply_for(PeerUnavailable(f"owner {owner} is unreachable: {exc}"))

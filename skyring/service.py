@@ -101,7 +101,11 @@ class Service:
             node_id=settings.node_id,
             peers=peers,
             forward_retry_s=settings.forward_retry_s,
-            handover_window_s=max(settings.handoff_timeout_s, 3 * settings.failure_timeout_s),
+            # A leaving node may hold timers until its grace and hand-off are over.
+            handover_window_s=max(
+                settings.leave_grace_s + settings.handoff_timeout_s + settings.forward_timeout_s,
+                3 * settings.failure_timeout_s,
+            ),
         )
         peer_server = await PeerServer.start(settings.host, settings.peer_port, router.serve_peer)
         try:

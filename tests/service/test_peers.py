@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from skyring.codec import dumps, loads
-from skyring.errors import PeerError, PeerTimeout, PeerUnavailable
+from skyring.errors import PeerError, PeerNotConnected, PeerTimeout, PeerUnavailable
 from skyring.peers import MAX_FRAME_BYTES, PeerClient, PeerServer
 from tests.support import MS, eventually
 
@@ -220,7 +220,7 @@ async def test_client_closing_while_connecting_fails_the_waiting_requests():
         await slow.close()
         results = await asyncio.gather(*waiting, return_exceptions=True)
 
-    assert [type(result) for result in results] == [PeerUnavailable, PeerUnavailable], results
+    assert all(isinstance(result, PeerUnavailable) for result in results) and len(results) == 2, results
     assert "client closed" in str(results[0])
 
 
@@ -493,3 +493,15 @@ async def test_bad_address_is_unavailable(client, address):
     """An address that is not host:port raises PeerUnavailable naming it."""
     with pytest.raises(PeerUnavailable, match="bad peer address"):
         await client.request(address, {})
+
+
+async def test_a_refused_connection_says_the_request_was_never_sent():
+    """Connect failures are PeerNotConnected, so callers know the peer never saw the request."""
+    client = PeerClient(timeout_s=1, connect_timeout_s=1)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    with pytest.raises(PeerNotConnected):
+        await client.request(f"127.0.0.1:{port}", {"op": "x"})
+    await client.close()
