@@ -39,17 +39,17 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-LUA = HERE / "lua"
 sys.path.insert(0, str(HERE))
 from minihttp import Connection, split_url  # noqa: E402
 from pinger import percentile  # noqa: E402
 from pyspy_summary import render, summarize  # noqa: E402
+from wrkload import Reading, sample_until, steady_figures, wrk_command, wrk_figures  # noqa: E402
 
 PARTS = ("baseline", "creates", "cancels", "lateness", "memory", "stall", "sqlite", "rebuild")
 HOUR_MS = 3_600_000
@@ -361,19 +361,7 @@ def run_wrk(
         wait_quiet(QUIET_WAIT_S)
     base = server.health()["counters"][counter]
     wrk_seconds = int(duration + 1) if limit is None else int(duration + 60)
-    argv = [
-        "wrk",
-        "-t1",
-        f"-c{conns}",
-        f"-d{wrk_seconds}s",
-        "--timeout",
-        "10s",
-        "-s",
-        str(LUA / script),
-        server.url,
-        "--",
-        *script_args,
-    ]
+    argv = wrk_command(server.url, script, script_args, conns=conns, seconds=wrk_seconds)
     t0 = time.monotonic()
     wrk = subprocess.Popen(
         argv,
@@ -386,76 +374,18 @@ def run_wrk(
     if profile is not None:
         time.sleep(min(warmup, 1.0))
         spy = PySpy(server.pid, profile.path, pinning, profile.rate, profile.native)
-    samples = _sample(server, wrk, counter, base, t0, duration, limit)
+
+    def read() -> Reading:
+        count = server.health()["counters"][counter] - base
+        ours = proc_cpu_s(wrk.pid) + proc_cpu_s(os.getpid())
+        return server.cpu_s(), count, system_busy_s(), ours
+
+    samples = sample_until(read, lambda: wrk.poll() is None, t0, duration, limit, label=counter, log=log)
     if spy is not None:
         spy.stop()
-    if wrk.poll() is None:
-        wrk.send_signal(signal.SIGINT)
-    output = wrk.communicate(timeout=30)[0].decode(errors="replace")
-    figures: dict[str, Any] = {}
-    for line in output.splitlines():
-        if line.startswith("WRKJSON "):
-            figures = json.loads(line[len("WRKJSON ") :])
-    if not figures:
-        raise RuntimeError(f"wrk printed no figures:\n{output}")
+    figures = wrk_figures(wrk)
     figures["count"] = server.health()["counters"][counter] - base
-    figures["errors"] = sum(figures[k] for k in ("err_connect", "err_read", "err_write", "err_status", "err_timeout"))
-    return figures | _steady_figures(samples, warmup, limit)
-
-
-_Sample = tuple[float, float, int, float, float]  # (t, server cpu s, count, machine busy s, wrk + our cpu s)
-
-
-def _sample(
-    server: NodeProcess,
-    wrk: subprocess.Popen[bytes],
-    counter: str,
-    base: int,
-    t0: float,
-    duration: float,
-    limit: int | None,
-) -> list[_Sample]:
-    """Every 100 ms while wrk runs: the node's counter and CPU, the machine's CPU, ours."""
-    samples: list[_Sample] = []
-    stalled_since = None
-    while wrk.poll() is None:
-        count = server.health()["counters"][counter] - base
-        now = time.monotonic()
-        ours = proc_cpu_s(wrk.pid) + proc_cpu_s(os.getpid())
-        samples.append((now - t0, server.cpu_s(), count, system_busy_s(), ours))
-        if limit is None:
-            if now - t0 >= duration:
-                break
-        elif count >= limit:
-            break
-        elif len(samples) > 1 and count == samples[-2][2]:
-            stalled_since = stalled_since or now
-            if now - stalled_since > 3.0:
-                log(f"counter {counter} stopped at {count} of {limit}")
-                break
-        else:
-            stalled_since = None
-        time.sleep(0.1)
-    return samples
-
-
-def _steady_figures(samples: list[_Sample], warmup: float, limit: int | None) -> dict[str, float]:
-    """Rate and CPU per operation between the first sample after ``warmup`` and the last one before the end
-    (for a limited run, before 98 % of ``limit``)."""
-    steady = [s for s in samples if s[0] >= warmup and (limit is None or s[2] <= 0.98 * limit)]
-    if len(steady) < 2:
-        steady = samples
-    (ta, ca, na, ba, oa), (tb, cb, nb, bb, ob) = steady[0], steady[-1]
-    ops, dt = nb - na, tb - ta
-    nan = float("nan")
-    return {
-        "window_s": dt,
-        "rate": ops / dt if dt > 0 else nan,
-        "cpu_us_per_op": (cb - ca) * 1e6 / ops if ops else nan,
-        "server_cpu_util": (cb - ca) / dt if dt > 0 else nan,
-        # CPU used by processes other than the server, wrk and this script (other people's work on the box)
-        "other_load": max(0.0, (bb - ba) - (cb - ca) - (ob - oa)) / dt if dt > 0 else nan,
-    }
+    return figures | steady_figures(samples, warmup, limit)
 
 
 class PyspyTarget:
@@ -604,21 +534,24 @@ def part_cancels(a: argparse.Namespace, pin: Pinning, results: dict[str, Any]) -
     )
 
 
-async def create_spread(url: str, uri: str, n: int, lead_s: float, window_s: float, conns: int = 64) -> dict[str, Any]:
+async def create_spread(
+    url: str | Sequence[str], uri: str, n: int, lead_s: float, window_s: float, conns: int = 64
+) -> dict[str, Any]:
     """Create ``n`` timers whose deadlines spread uniformly over ``window_s`` starting ``lead_s`` from now.
 
     Timers are sent in deadline order, each with ``timeout = deadline − now`` at the moment it is sent.
+    ``url``: the node, or several nodes (a cluster): the connections are spread over them in turn.
     """
-    host, port = split_url(url)
+    urls = [url] if isinstance(url, str) else list(url)
     start_ms = time.time() * 1000.0 + lead_s * 1000.0
     targets = [start_ms + window_s * 1000.0 * i / n for i in range(n)]
     next_index = 0
     min_timeout = float("inf")
     failures = 0
 
-    async def worker() -> None:
+    async def worker(k: int) -> None:
         nonlocal next_index, min_timeout, failures
-        conn = await Connection(host, port).open()
+        conn = await Connection(*split_url(urls[k % len(urls)])).open()
         try:
             while next_index < n:
                 i = next_index
@@ -633,7 +566,7 @@ async def create_spread(url: str, uri: str, n: int, lead_s: float, window_s: flo
             await conn.close()
 
     t0 = time.monotonic()
-    await asyncio.gather(*(worker() for _ in range(conns)))
+    await asyncio.gather(*(worker(k) for k in range(conns)))
     return {
         "create_s": time.monotonic() - t0,
         "min_timeout_ms": min_timeout,

@@ -31,8 +31,6 @@ STARTUP_FAILURE = 3
 FORCED_EXIT = 1
 
 
-
-
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     return socket.create_server((host, port), family=family, backlog=1024, reuse_port=False)

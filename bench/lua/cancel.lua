@@ -1,8 +1,11 @@
 -- wrk script: DELETE /timer/<id> for ids made from a pattern and a counter: id_format % (start + n).
 -- Arguments (after "--"): id_format  start  limit
+--   id_format: a string.format pattern such as "b-%d", or "@<file>": the ids are that file's lines,
+--              taken in order from line start + 1.
 --   limit: send only that many DELETEs, then pings (the ids beyond it were never created).
 -- Run with -t1 so that every connection shares one counter (one Lua state per thread).
 local id_format, start, limit
+local ids  -- with id_format "@<file>": the file's lines
 local n = 0
 local idle
 local idles = 0
@@ -13,6 +16,10 @@ function init(args)
    id_format = args[1]
    start = tonumber(args[2])
    limit = tonumber(args[3])
+   if string.sub(id_format, 1, 1) == "@" then
+      ids = {}
+      for line in io.lines(string.sub(id_format, 2)) do ids[#ids + 1] = line end
+   end
 end
 
 function request()
@@ -30,7 +37,9 @@ function request()
       if idles > 256 then wrk.thread:stop() end
       return idle
    end
-   local path = "/timer/" .. string.format(id_format, start + n)
+   local id
+   if ids then id = ids[start + n + 1] else id = string.format(id_format, start + n) end
+   local path = "/timer/" .. id
    n = n + 1
    return wrk.format("DELETE", path)
 end
